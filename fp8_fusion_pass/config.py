@@ -1,0 +1,62 @@
+"""FusionConfig: which rewrites the pass may make, plus the environment override.
+
+The config is part of the pass's ``uuid()`` (through ``fingerprint()``), so Inductor's FX graph cache
+never serves a graph compiled under another config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+# Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
+FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "zero_fill")
+
+ENV_DISABLE = "FP8_FUSION_DISABLE"
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionConfig:
+    norm_quant: bool = True  # rms_norm (+ residual add) -> group_quant  =>  (add_)rms_norm_group_quant
+    silu_quant: bool = True  # silu(gate) * up -> group_quant  =>  silu_mul_group_quant
+    dedup_quant: bool = True  # identical group_quant(x) calls collapse to one
+    zero_fill: bool = True  # zeros(1) scale buffers of ops that overwrite them  =>  empty(1)
+    # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
+    group_sizes: tuple[int, ...] = (128, 64)
+    # Honour FP8_FUSION_DISABLE from the environment at compile time.
+    use_env: bool = True
+
+    @classmethod
+    def only(cls, names: str | tuple[str, ...] | list[str], **kwargs) -> FusionConfig:
+        """A config that enables only the named fusions: ``FusionConfig.only("norm_quant,zero_fill")``."""
+        wanted = _split(names)
+        _check_names(wanted)
+        return cls(**{f: f in wanted for f in FUSIONS}, **kwargs)
+
+    def enabled(self, fusion: str) -> bool:
+        """Is ``fusion`` on, after the environment override."""
+        return getattr(self, fusion) and fusion not in self.env_disabled()
+
+    def env_disabled(self) -> frozenset[str]:
+        if not self.use_env:
+            return frozenset()
+        names = _split(os.environ.get(ENV_DISABLE, ""))
+        _check_names(names, source=ENV_DISABLE)
+        return frozenset(names)
+
+    def fingerprint(self) -> str:
+        """Stable text that changes whenever the effective config changes (feeds ``uuid()``)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return repr(sorted(fields.items())) + f"|env-disabled={sorted(self.env_disabled())}"
+
+
+def _split(names) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = names.split(",")
+    return tuple(n.strip() for n in names if n and n.strip())
+
+
+def _check_names(names, source: str = "FusionConfig.only") -> None:
+    unknown = [n for n in names if n not in FUSIONS]
+    if unknown:
+        raise ValueError(f"{source}: unknown fusion(s) {', '.join(unknown)}; known: {', '.join(FUSIONS)}")

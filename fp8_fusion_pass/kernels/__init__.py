@@ -1,0 +1,1 @@
+"""The op vocabulary (``ops``), its pure-torch oracle (``reference``) and its backends (``triton``, ``aiter``)."""

@@ -1,0 +1,112 @@
+"""Pure-torch semantics of every op: the numerical oracle, runnable on any device.
+
+This file *is* the numerics contract of ``DESIGN.md``; kernels are tested against it, and the pattern
+search functions are written from it, so the matched graph and the oracle are the same code.
+
+Layouts (DeepSeek-V3 / Qwen3-FP8 checkpoints):
+- activations ``x [..., K]``, quantized per row in groups of ``group_size`` contiguous values:
+  ``q [..., K]`` fp8 and ``scale [..., K // group_size]`` fp32, row-major;
+- weights ``w_q [N, K]`` fp8 with ``w_scale [ceil(N/128), ceil(K/128)]`` fp32, the *dequant multiplier*
+  (checkpoints call it ``weight_scale_inv``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+AMAX_FLOOR = 1e-10  # scale = max(amax, 1e-10) / FP8_MAX: an all-zero group gives zeros, never NaN
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF ``Qwen3RMSNorm`` / ``LlamaRMSNorm``: normalise in fp32, round to x.dtype, multiply by w (rounds again)."""
+    # x: [..., K], w: [K]
+    xf = x.to(torch.float32)
+    var = xf.pow(2).mean(-1, keepdim=True)
+    return w * (xf * torch.rsqrt(var + eps)).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float):
+    """HF decoder layer: ``residual = residual + x`` (rounded to x.dtype), then RMSNorm of that sum."""
+    residual_out = residual + x
+    return rms_norm(residual_out, w, eps), residual_out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` with gate the first half of the last dim; each step rounds to x.dtype as HF does."""
+    d = x.shape[-1] // 2
+    return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
+
+
+def group_quant(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype, fp8_max: float):
+    """1 x group_size dynamic quant. Returns ``(q [..., K] fp8, scale [..., K/group_size] fp32)``.
+
+    scale = max(amax, 1e-10) / FP8_MAX; q = clamp(x / scale, -FP8_MAX, FP8_MAX) cast round-to-nearest-even.
+    The clamp makes every path agree: eager casts gave NaN out of range on torch 2.11/2.12, Triton saturates.
+    A NaN in a group makes that group's scale NaN (and its values NaN), nothing else.
+    """
+    k = x.shape[-1]
+    xg = x.to(torch.float32).reshape(*x.shape[:-1], k // group_size, group_size)
+    amax = xg.abs().amax(-1, keepdim=True)
+    scale = amax.clamp(min=AMAX_FLOOR) / fp8_max
+    q = (xg / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)
+    return q.reshape(x.shape), scale.squeeze(-1)
+
+
+def rms_norm_group_quant(x, w, eps, group_size, fp8_dtype, fp8_max):
+    return group_quant(rms_norm(x, w, eps), group_size, fp8_dtype, fp8_max)
+
+
+def add_rms_norm_group_quant(x, residual, w, eps, group_size, fp8_dtype, fp8_max):
+    y, residual_out = add_rms_norm(x, residual, w, eps)
+    q, scale = group_quant(y, group_size, fp8_dtype, fp8_max)
+    return q, scale, residual_out
+
+
+def silu_mul_group_quant(x, group_size, fp8_dtype, fp8_max):
+    return group_quant(silu_and_mul(x), group_size, fp8_dtype, fp8_max)
+
+
+def dequant_activation(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of a group-quantized activation (group size inferred from the shapes)."""
+    group = q.shape[-1] // scale.shape[-1]
+    return q.to(torch.float32) * scale.repeat_interleave(group, dim=-1)
+
+
+def dequant_weight(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of a block-quantized weight; blocks are ceil-divided, so N, K need not be block multiples."""
+    n, k = w_q.shape
+    bn, bk = -(-n // w_scale.shape[0]), -(-k // w_scale.shape[1])
+    full = w_scale.repeat_interleave(bn, dim=0).repeat_interleave(bk, dim=1)[:n, :k]
+    return w_q.to(torch.float32) * full
+
+
+def blockscale_mm(q, x_scale, w_q, w_scale, out_dtype: torch.dtype) -> torch.Tensor:
+    """y[M, N] = dequant(q, x_scale) @ dequant(w_q, w_scale).T in fp32, cast to out_dtype."""
+    return (dequant_activation(q, x_scale) @ dequant_weight(w_q, w_scale).t()).to(out_dtype)
+
+
+def per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float):
+    """Dynamic per-tensor quant: one scale for the whole tensor. Returns ``(q, scale[1])``."""
+    xf = x.to(torch.float32)
+    scale = (xf.abs().amax().clamp(min=AMAX_FLOOR) / fp8_max).reshape(1)
+    return (xf / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype), scale
+
+
+def per_tensor_mm(q, x_scale, w_q, w_scale, out_dtype: torch.dtype) -> torch.Tensor:
+    """y = (q * x_scale) @ (w_q * w_scale).T with one scale per tensor."""
+    a = q.to(torch.float32) * x_scale.to(torch.float32)
+    w = w_q.to(torch.float32) * w_scale.to(torch.float32)
+    return (a @ w.t()).to(out_dtype)
+
+
+def quantize_weight_blockwise(w: torch.Tensor, block: tuple[int, int], fp8_dtype: torch.dtype, fp8_max: float):
+    """128x128 block recipe: scale = amax(block) / FP8_MAX. Returns ``(w_q [N, K], w_scale [N/bn, K/bk] fp32)``."""
+    n, k = w.shape
+    bn, bk = block
+    if n % bn or k % bk:
+        raise ValueError(f"weight [{n}, {k}] is not a multiple of the block {block}")
+    wb = w.to(torch.float32).reshape(n // bn, bn, k // bk, bk)
+    amax = wb.abs().amax(dim=(1, 3), keepdim=True)
+    scale = amax.clamp(min=AMAX_FLOOR) / fp8_max
+    w_q = (wb / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype).reshape(n, k)
+    return w_q, scale.reshape(n // bn, k // bk)

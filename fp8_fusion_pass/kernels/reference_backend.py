@@ -1,0 +1,56 @@
+"""The reference backend: ``reference.py`` bound to the device's fp8 dtype and fp8 max.
+
+Every backend's kernels share these signatures (the op vocabulary's, minus nothing):
+``group_quant(x, group_size)``, ``rms_norm(x, w, eps)``, ``blockscale_mm(q, x_scale, w_q, w_scale, out_dtype)``, ...
+The fp8 facts come from ``arch.py`` for the input's device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import arch
+from . import reference as ref
+
+
+def _fp8(x: torch.Tensor):
+    a = arch.arch_of(x.device)
+    return a.fp8_dtype, a.fp8_max
+
+
+def group_quant(x, group_size):
+    return ref.group_quant(x, group_size, *_fp8(x))
+
+
+def rms_norm_group_quant(x, w, eps, group_size):
+    return ref.rms_norm_group_quant(x, w, eps, group_size, *_fp8(x))
+
+
+def add_rms_norm_group_quant(x, residual, w, eps, group_size):
+    return ref.add_rms_norm_group_quant(x, residual, w, eps, group_size, *_fp8(x))
+
+
+def silu_mul_group_quant(x, group_size):
+    return ref.silu_mul_group_quant(x, group_size, *_fp8(x))
+
+
+def dynamic_per_tensor_quant(out, x, scale):
+    # Overwrites ``scale`` (never reads it): the scale-semantics registry records this op as "overwrites".
+    q, s = ref.per_tensor_quant(x, *_fp8(x))
+    out.copy_(q)
+    scale.copy_(s)
+
+
+def kernels() -> dict:
+    return {
+        "rms_norm": ref.rms_norm,
+        "add_rms_norm": ref.add_rms_norm,
+        "silu_and_mul": ref.silu_and_mul,
+        "group_quant": group_quant,
+        "blockscale_mm": ref.blockscale_mm,
+        "per_tensor_mm": ref.per_tensor_mm,
+        "rms_norm_group_quant": rms_norm_group_quant,
+        "add_rms_norm_group_quant": add_rms_norm_group_quant,
+        "silu_mul_group_quant": silu_mul_group_quant,
+        "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
+    }
