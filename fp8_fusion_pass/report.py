@@ -1,0 +1,172 @@
+"""FusionReport: what the pass did to one graph, and why it left anything alone.
+
+One report per pass invocation (per compiled graph). Every rewrite is an ``applied`` entry, every candidate
+left alone a ``rejected`` entry with a reason code (``docs/guards.md`` explains each code and what to change),
+every zero-fill stripped or kept an entry in ``fills_stripped`` / ``fills_kept``, and every replacement that
+raised an ``errors`` entry (the match is left unrewritten). Imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import threading
+from collections import Counter
+
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    pattern: str  # "norm_quant", "add_norm_quant", "silu_quant", "dedup_quant", "zero_fill"
+    node: str  # the graph node the decision is about (anchor of the match)
+    shapes: str = ""  # e.g. "x[s0, 4096] w[4096]"
+    dtype: str = ""  # activation dtype, e.g. "bfloat16"
+    reason: str = ""  # reason code for rejections / kept fills (empty when applied)
+    detail: str = ""  # human sentence: what exactly failed, with numbers
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class FusionReport:
+    graph: int  # sequence number of the compiled graph in this process
+    inference: bool = True
+    config: str = ""
+    applied: list[Decision] = dataclasses.field(default_factory=list)
+    rejected: list[Decision] = dataclasses.field(default_factory=list)
+    fills_stripped: list[Decision] = dataclasses.field(default_factory=list)
+    fills_kept: list[Decision] = dataclasses.field(default_factory=list)
+    errors: list[Decision] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    # ------------------------------------------------------------ recording
+    def apply(self, pattern: str, node: str, shapes: str = "", dtype: str = "", detail: str = "") -> None:
+        self.applied.append(Decision(pattern, node, shapes, dtype, "", detail))
+
+    def reject(self, pattern: str, node: str, reason: str, detail: str = "", shapes: str = "", dtype: str = "") -> None:
+        self.rejected.append(Decision(pattern, node, shapes, dtype, reason, detail))
+
+    def strip_fill(self, node: str, consumer: str, shapes: str = "") -> None:
+        self.fills_stripped.append(Decision("zero_fill", node, shapes, "", "", f"consumer {consumer} overwrites it"))
+
+    def keep_fill(self, node: str, reason: str, detail: str = "", shapes: str = "") -> None:
+        self.fills_kept.append(Decision("zero_fill", node, shapes, "", reason, detail))
+
+    def error(self, pattern: str, node: str, detail: str) -> None:
+        self.errors.append(Decision(pattern, node, "", "", "replacement_failed", detail))
+
+    # ------------------------------------------------------------ reading
+    def counts(self) -> dict:
+        """Applied rewrites per pattern, plus the fills stripped and kept."""
+        c = Counter(d.pattern for d in self.applied)
+        out = dict(sorted(c.items()))
+        out["fills_stripped"] = len(self.fills_stripped)
+        out["fills_kept"] = len(self.fills_kept)
+        out["rejected"] = len(self.rejected)
+        out["errors"] = len(self.errors)
+        return out
+
+    def rejection_reasons(self) -> dict:
+        return dict(sorted(Counter(d.reason for d in self.rejected).items()))
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "graph": self.graph,
+            "inference": self.inference,
+            "config": self.config,
+            "counts": self.counts(),
+            "applied": [d.to_dict() for d in self.applied],
+            "rejected": [d.to_dict() for d in self.rejected],
+            "fills_stripped": [d.to_dict() for d in self.fills_stripped],
+            "fills_kept": [d.to_dict() for d in self.fills_kept],
+            "errors": [d.to_dict() for d in self.errors],
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def summary_line(self) -> str:
+        c = self.counts()
+        fused = ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("fills_stripped", "fills_kept", "rejected", "errors"))
+        return (
+            f"fp8_fusion_pass graph {self.graph}: fused [{fused or 'none'}]; rejected {c['rejected']}"
+            f" {self.rejection_reasons() or ''}; fills stripped {c['fills_stripped']}, kept {c['fills_kept']}"
+            + (f"; ERRORS {c['errors']}" if c["errors"] else "")
+            + ("" if self.inference else "; not an inference graph: left alone")
+        ).replace(" {}", "")
+
+    def render(self) -> str:
+        """Tables for a terminal: applied per pattern, then every rejection, fill and error with its reason."""
+        from tabulate import tabulate
+
+        parts = [self.summary_line()]
+        if self.applied:
+            rows = sorted(Counter((d.pattern, d.dtype) for d in self.applied).items())
+            parts.append(tabulate([(p, dt, n) for (p, dt), n in rows], headers=["fused", "dtype", "count"]))
+        for title, items in (
+            ("rejected", self.rejected),
+            ("fills kept", self.fills_kept),
+            ("errors", self.errors),
+        ):
+            if items:
+                parts.append(
+                    tabulate(
+                        [(d.pattern, d.node, d.reason, d.detail, d.shapes) for d in items],
+                        headers=[title, "node", "reason", "detail", "shapes"],
+                    )
+                )
+        if self.fills_stripped:
+            parts.append(tabulate([(d.node, d.detail) for d in self.fills_stripped], headers=["fill stripped", "why"]))
+        if self.notes:
+            parts.append("\n".join(f"note: {n}" for n in self.notes))
+        return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------- the per-process log of reports
+
+_lock = threading.Lock()
+_reports: list[FusionReport] = []
+_counter = itertools.count(1)
+MAX_KEPT = 256  # reports kept in memory; a long-running server compiles a bounded number of graphs anyway
+
+
+def new_report(config: str = "", inference: bool = True) -> FusionReport:
+    with _lock:
+        report = FusionReport(graph=next(_counter), inference=inference, config=config)
+        _reports.append(report)
+        del _reports[:-MAX_KEPT]
+    return report
+
+
+def last_report() -> FusionReport | None:
+    """The report of the most recently compiled graph (None before any compile ran the pass).
+
+    A graph served from Inductor's FX graph cache does not run the pass, so it adds no report.
+    """
+    with _lock:
+        return _reports[-1] if _reports else None
+
+
+def all_reports() -> list[FusionReport]:
+    with _lock:
+        return list(_reports)
+
+
+def clear_reports() -> None:
+    with _lock:
+        _reports.clear()
+
+
+def merged(reports: list[FusionReport]) -> FusionReport:
+    """One report over several graphs (a model compiled in pieces, or forward + graph breaks)."""
+    out = FusionReport(graph=0, inference=all(r.inference for r in reports) if reports else True)
+    for r in reports:
+        out.config = out.config or r.config
+        for name in ("applied", "rejected", "fills_stripped", "fills_kept", "errors", "notes"):
+            getattr(out, name).extend(getattr(r, name))
+    return out
