@@ -1,0 +1,28 @@
+"""Every numerical tolerance the tests use, with its source. Tests import from here; none invents its own.
+
+fp8 e4m3 has 3 mantissa bits: one fp8 step is 2^-3 = 12.5% relative at the top of a binade, 6.25% at the bottom.
+"""
+
+# Fused norm vs unfused norm (DESIGN.md numerics contract): reduction order may flip a value by one fp8 step.
+NORM_FUSED_MAX_FP8_STEPS = 1
+# ... on at most this fraction of values. Inductor's own fusion flipped 2.2% (inductor_api.md §6); the seed PR's
+# aiter kernel flipped ~2.2% and bounded it at 5% (fused-norm-silu-quant-pr.txt). Our kernels keep the bf16
+# rounding, so only the sum-of-squares order differs: we assert the seed's 5%.
+NORM_FUSED_MAX_FLIP_FRACTION = 0.05
+# Scales within one bf16 rounding of the group amax: 2^-8 relative.
+SCALE_REL_TOL = 2.0**-8
+
+# Kernel vs reference, dequantized values: at most one fp8 step relative to the group's scale * fp8 step.
+# Expressed as |a - b| <= ATOL_STEPS * scale * 2^-3 * |value| bound is awkward; tests use dequantized allclose:
+DEQUANT_RTOL = 0.125  # one fp8 step at the bottom of a binade
+DEQUANT_ATOL_IN_SCALES = 1.0  # plus one scale unit for values near zero
+
+# Block-scale GEMM vs fp32 dequantized reference: fp32 accumulation, then a bf16 output rounding (2^-8 relative).
+GEMM_REL_ERR_BF16_OUT = 8e-3
+GEMM_REL_ERR_FP32_OUT = 1e-4
+
+# Whole models: block-FP8 model vs bf16 model (relative L2 error of logits). fp8 quant of weights and activations
+# gives ~3-6% per linear in random-weight models; a broken quantizer (wrong scale, transposed blocks) gives > 50%.
+MODEL_FP8_VS_BF16_REL_ERR = 0.25
+# Same model compiled with vs without the pass, relative L2 error of logits (norm fusion flips a few fp8 values).
+MODEL_PASS_VS_NO_PASS_REL_ERR = 0.05
