@@ -1,0 +1,22 @@
+"""Models the pass works on: HF-form and engine-form Qwen3 / Llama by preset name, random seeded weights.
+
+``build_model(name, form="hf"|"engine", scheme="block"|"per-tensor"|"bf16", layers=None, ...)``,
+``example_inputs(model_or_name, batch, seq)``, ``PRESETS`` (name -> published config numbers),
+``engine_from_hf(hf_model)`` (merged qkv / gate_up engine model sharing the HF weights).
+"""
+
+from __future__ import annotations
+
+from .build import build_model, example_inputs
+from .presets import PRESETS, TINY, get_preset
+
+__all__ = ["PRESETS", "TINY", "build_model", "engine_from_hf", "example_inputs", "get_preset", "KVCache"]
+
+
+def __getattr__(name: str):
+    # engine.py is imported on first use only.
+    if name in ("engine_from_hf", "EngineForCausalLM", "KVCache"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
