@@ -1,0 +1,294 @@
+"""blockscale_mm / per_tensor_mm on the Triton backend: every path against the fp32 dequantized reference.
+
+CPU (``TRITON_INTERPRET=1``, set by ``tests/conftest.py``): the Triton tiled and small-M kernels at small N,
+the pure dispatch rules (a simulated SM90 never sends K/128 % 4 != 0 to ``torch._scaled_mm`` v1), input
+validation. ``-m gpu`` (CUDA): every path (cuBLAS v1, cuBLAS v2 padded, Triton tiled, Triton small-M) at the
+real K and odd M, printing each path's relative error (run with ``-s`` to see the table).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tolerances import GEMM_REL_ERR_BF16_OUT, GEMM_REL_ERR_FP32_OUT
+
+import fp8_fusion_pass.kernels.ops  # noqa: F401  (registers torch.ops.fp8_fusion)
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import backends, cublas
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._blockscale_kernels import SmallMConfig, TiledConfig
+from fp8_fusion_pass.kernels.triton.per_tensor_mm import path_for, per_tensor_mm
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BF16, FP32 = torch.bfloat16, torch.float32
+TOL = {BF16: GEMM_REL_ERR_BF16_OUT, FP32: GEMM_REL_ERR_FP32_OUT, torch.float16: GEMM_REL_ERR_BF16_OUT}
+
+
+def make_inputs(m, n, k, group=128, device=DEVICE, seed=0):
+    """Activations through the reference group quant; weights through the 128x128 block recipe, padded with
+    zeros to whole blocks first so that N, K need not be multiples of 128 (ceil blocks)."""
+    g = torch.Generator().manual_seed(seed)
+    fp8, fp8_max = arch.fp8_dtype(device), arch.fp8_max(device)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=BF16)
+    q, xs = ref.group_quant(x, group, fp8, fp8_max)
+    nb, kb = -(-n // 128), -(-k // 128)
+    w = torch.zeros(nb * 128, kb * 128)
+    w[:n, :k] = torch.randn(n, k, generator=g) * 0.05
+    w_q, w_s = ref.quantize_weight_blockwise(w.to(device), (128, 128), fp8, fp8_max)
+    return q, xs, w_q[:n, :k].contiguous(), w_s
+
+
+def dequant_weight_128(w_q, w_s):
+    # Explicit 128-blocks. reference.dequant_weight infers the block as ceil(N / rows of w_scale), which is
+    # 100 (not 128) for N=200: it is only right when N and K are multiples of 128 (reported to the lead).
+    n, k = w_q.shape
+    return w_q.float() * w_s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+
+
+def oracle(q, xs, w_q, w_s):
+    """fp32 dequantized matmul (``reference.blockscale_mm`` before its output cast)."""
+    return ref.dequant_activation(q, xs) @ dequant_weight_128(w_q, w_s).t()
+
+
+def rel_errors(y, want):
+    """(Frobenius-relative error, max |error| / max |want|): the second catches one wrong row or column."""
+    y, want = y.double(), want.double()  # norms of 1e30-sized rows overflow fp32
+    d = (y - want).abs()
+    return (d.norm() / want.norm()).item(), (d.max() / want.abs().max()).item()
+
+
+def assert_close(y, want, out_dtype, what=""):
+    fro, worst = rel_errors(y, want)
+    assert y.dtype == out_dtype and y.shape == want.shape
+    assert fro <= TOL[out_dtype] and worst <= TOL[out_dtype], f"{what}: rel err {fro:.2e}, max {worst:.2e}"
+    return fro, worst
+
+
+# ---------------------------------------------------------------- Triton kernels (interpreter on the CPU)
+
+TRITON_PATHS = ("tiled", "small_m")
+
+
+@pytest.mark.parametrize("path", TRITON_PATHS)
+@pytest.mark.parametrize(
+    "m, n, k",
+    [
+        (1, 128, 4096),  # decode row, Qwen3-8B / Llama hidden size, K/128 = 32
+        (3, 256, 5120),  # Qwen3-32B hidden size, K/128 = 40
+        (17, 128, 640),  # K/128 = 5: cuBLAS v1 would be silently wrong here
+        (17, 256, 384),  # K/128 = 3
+    ],
+)
+def test_triton_paths_match_reference(path, m, n, k):
+    q, xs, w_q, w_s = make_inputs(m, n, k)
+    want = oracle(q, xs, w_q, w_s)
+    assert_close(bm.run(path, q, xs, w_q, w_s, FP32), want, FP32, f"{path} M={m} N={n} K={k}")
+
+
+@pytest.mark.parametrize("path", TRITON_PATHS)
+@pytest.mark.parametrize("out_dtype", [BF16, torch.float16])
+def test_triton_paths_round_once_to_out_dtype(path, out_dtype):
+    q, xs, w_q, w_s = make_inputs(5, 256, 640)
+    assert_close(bm.run(path, q, xs, w_q, w_s, out_dtype), oracle(q, xs, w_q, w_s), out_dtype, path)
+
+
+@pytest.mark.parametrize("path", TRITON_PATHS)
+@pytest.mark.parametrize("m, n, k, group", [(3, 200, 640, 128), (5, 130, 320, 64), (2, 256, 384, 64)])
+def test_ceil_blocks_and_group_64(path, m, n, k, group):
+    # N=200 / 130, K=320: partial last weight blocks; group 64: two activation scales per weight block.
+    q, xs, w_q, w_s = make_inputs(m, n, k, group=group)
+    assert w_s.shape == (-(-n // 128), -(-k // 128))
+    assert_close(bm.run(path, q, xs, w_q, w_s, FP32), oracle(q, xs, w_q, w_s), FP32, f"{path} N={n} K={k}")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [SmallMConfig(32, 1, 4, 2), SmallMConfig(64, 3, 4, 2), SmallMConfig(128, 8, 4, 2), SmallMConfig(64, 64, 4, 2)],
+)
+def test_small_m_split_k_variants(config):
+    # K/128 = 5 tiles: split 3 -> 2+2+1 tiles, split 8 and 64 are clamped to 5 programs of one tile each.
+    q, xs, w_q, w_s = make_inputs(33, 256, 640)  # 33 rows: two 32-row programs along M, the second nearly empty
+    y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
+    assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
+
+
+def test_tiled_grouped_launch_order_covers_every_tile():
+    # 40 rows in 16-row tiles x 8 column tiles, GROUP_M=2: a remainder group of one row tile.
+    q, xs, w_q, w_s = make_inputs(40, 256, 256)
+    y = bm.run("tiled", q, xs, w_q, w_s, FP32, config=TiledConfig(16, 32, group_m=2, warps=4, stages=1))
+    assert_close(y, oracle(q, xs, w_q, w_s), FP32, "tiled grouped")
+
+
+@pytest.mark.parametrize("path", TRITON_PATHS)
+def test_zero_rows_and_huge_rows(path):
+    q, xs, w_q, w_s = make_inputs(4, 128, 256)
+    x = torch.randn(4, 256, dtype=BF16, device=DEVICE)
+    x[1] = 0  # all-zero groups: scale 1e-10 / 448, q = 0 -> an exact zero row
+    x[2] *= 1e30  # huge but finite after quant: the scale carries the magnitude
+    q, xs = ref.group_quant(x, 128, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
+    y = bm.run(path, q, xs, w_q, w_s, FP32)
+    assert torch.all(y[1] == 0)
+    assert_close(y, oracle(q, xs, w_q, w_s), FP32, "zero / huge rows")
+
+
+def test_empty_m():
+    q, xs, w_q, w_s = make_inputs(1, 128, 256)
+    for path in TRITON_PATHS:
+        assert bm.run(path, q[:0], xs[:0], w_q, w_s, BF16).shape == (0, 128)
+
+
+def test_public_launcher_uses_the_plan():
+    # On the CPU: no cuBLAS, so M <= 64 -> small_m, above -> tiled; both match the oracle.
+    for m, path in ((3, "small_m"), (65, "tiled")):
+        q, xs, w_q, w_s = make_inputs(m, 128, 256)
+        if DEVICE == "cpu":
+            assert bm.plan_for(q, xs, w_q, w_s, BF16).path == path
+        assert_close(bm.blockscale_mm(q, xs, w_q, w_s, BF16), oracle(q, xs, w_q, w_s), BF16, f"M={m}")
+
+
+def test_op_through_triton_backend():
+    q, xs, w_q, w_s = make_inputs(3, 128, 512)
+    with backends.use_backend("triton"):
+        assert backends.backend_for("blockscale_mm", q.device) == "triton"
+        y = torch.ops.fp8_fusion.blockscale_mm(q, xs, w_q, w_s, BF16)
+    assert_close(y, oracle(q, xs, w_q, w_s), BF16, "op")
+
+
+def test_custom_op_hides_the_kernel_from_dynamo(monkeypatch):
+    # F.scaled_mm (the v2 cuBLAS path) breaks Dynamo graphs on torch 2.11 / 2.12. It runs inside the real
+    # implementation of the custom op, which Dynamo never traces: a graph break there is invisible to fullgraph.
+    calls = []
+
+    def kernel_with_graph_break(q, xs, w_q, w_s, out_dtype):
+        torch._dynamo.graph_break()
+        calls.append(q.shape[0])
+        return bm.blockscale_mm(q, xs, w_q, w_s, out_dtype)
+
+    monkeypatch.setattr(backends, "get_kernel", lambda op, device: kernel_with_graph_break)
+    q, xs, w_q, w_s = make_inputs(4, 128, 256)
+    f = torch.compile(lambda *a: torch.ops.fp8_fusion.blockscale_mm(*a, BF16) * 2, fullgraph=True, backend="eager")
+    y = f(q, xs, w_q, w_s)
+    assert calls == [4]
+    assert_close(y / 2, oracle(q, xs, w_q, w_s), BF16, "compiled")
+
+
+# ---------------------------------------------------------------- dispatch rules (pure, simulated archs)
+
+FP8 = torch.float8_e4m3fn
+
+
+def _plan(arch_name, m, n, k, group=128, out_dtype=BF16, device_type="cuda"):
+    with arch.simulate_arch(arch_name) as a:
+        return bm.plan(a, device_type, FP8, m, n, k, group, out_dtype)
+
+
+@pytest.mark.parametrize("k", [384, 640, 1152, 5120 + 128])  # K/128 = 3, 5, 9, 41
+def test_v1_never_gets_k_blocks_not_multiple_of_4(k):
+    assert cublas.blockwise_variant(k) != "v1"
+    with arch.simulate_arch("sm90") as a:
+        reason = cublas.blockwise_unsupported(a, "cuda", FP8, 4096, k, 128, BF16, variant="v1")
+        assert reason is not None and "silently" in reason
+        assert cublas.blockwise_unsupported(a, "cuda", FP8, 4096, k, 128, BF16, variant="v2") == (
+            None if cublas.has_v2() else "this torch has no torch.nn.functional.scaled_mm"
+        )
+    choice = _plan("sm90", 256, 4096, k)
+    assert choice.path == ("cublas" if cublas.has_v2() else "tiled")
+
+
+@pytest.mark.parametrize("k", [4096, 5120, 8192, 12288, 14336, 25600])
+def test_v1_for_model_k(k):
+    assert cublas.blockwise_variant(k) == "v1"
+    assert _plan("sm90", 2048, 4096, k).path == "cublas"
+
+
+@pytest.mark.parametrize(
+    "arch_name, m, n, k, group, out_dtype, want",
+    [
+        ("sm90", 1, 4096, 4096, 128, BF16, "small_m"),  # decode: weight-bandwidth bound
+        ("sm90", 64, 4096, 4096, 128, BF16, "small_m"),
+        ("sm90", 65, 4096, 4096, 128, BF16, "cublas"),
+        ("sm90", 2048, 4096, 4096, 128, FP32, "tiled"),  # only bf16 output was verified on cuBLAS
+        ("sm90", 2048, 4096, 4096, 64, BF16, "tiled"),  # 1x64 groups: not a cuBLAS recipe
+        ("sm90", 2048, 4160, 4096, 128, BF16, "tiled"),  # ceil blocks
+        ("sm89", 2048, 4096, 4096, 128, BF16, "tiled"),  # block-wise cuBLASLt is SM90 only
+        ("gfx942", 2048, 4096, 4096, 128, BF16, "tiled"),  # and never ROCm
+        ("sm80", 2048, 4096, 4096, 128, BF16, "dequant"),  # no fp8 Triton
+        ("sm90", 2048, 4096, 4096, 16, BF16, "dequant"),  # a 16-wide K tile cannot use an 8-bit MMA
+    ],
+)
+def test_plan(arch_name, m, n, k, group, out_dtype, want):
+    assert _plan(arch_name, m, n, k, group, out_dtype).path == want
+
+
+def test_table_entries_win_but_never_over_legality(monkeypatch):
+    monkeypatch.setitem(bm.TABLE, ("sm90", 16, 4096, 4096), bm.Choice("tiled", TiledConfig(16, 64)))
+    monkeypatch.setitem(bm.TABLE, ("sm90", 2048, 4096, 640), bm.Choice("cublas"))
+    monkeypatch.setitem(bm.TABLE, ("sm89", 2048, 4096, 4096), bm.Choice("cublas"))
+    assert _plan("sm90", 9, 4096, 4096) == bm.Choice("tiled", TiledConfig(16, 64))  # bucket 16 covers 5..16
+    assert _plan("sm90", 2048, 4096, 640, out_dtype=FP32).path == "tiled"  # table says cuBLAS: illegal here
+    assert _plan("sm89", 2048, 4096, 4096).path == "tiled"
+
+
+def test_m_buckets():
+    assert [bm.m_bucket(m) for m in (1, 2, 4, 5, 16, 64, 65, 256, 257, 2048, 2049, 100000)] == [
+        1, 4, 4, 16, 16, 64, 128, 256, 2048, 2048, 8192, 8192
+    ]  # fmt: skip
+
+
+def test_cublas_refuses_cpu_tensors_before_calling_torch(monkeypatch):
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: pytest.fail("cuBLAS must not be reached"))
+    q, xs, w_q, w_s = make_inputs(4, 128, 384, device="cpu")
+    with pytest.raises(ValueError, match="SM90"):
+        cublas.blockwise_mm(q, xs, w_q, w_s, BF16, variant="v1")
+    with pytest.raises(ValueError, match="unknown path"):
+        bm.run("cutlass", q, xs, w_q, w_s, BF16)
+
+
+# ---------------------------------------------------------------- input validation
+
+
+@pytest.mark.parametrize(
+    "mutate, error, match",
+    [
+        (lambda a: {**a, "q": a["q"].float()}, TypeError, "q must be fp8"),
+        (lambda a: {**a, "w_q": a["w_q"].to(torch.float8_e5m2)}, TypeError, "w_q must have q's fp8 dtype"),
+        (lambda a: {**a, "x_scale": a["x_scale"].half()}, TypeError, "x_scale and w_scale must be fp32"),
+        (lambda a: {**a, "x_scale": a["x_scale"][:, :1].repeat(1, 3)}, ValueError, "x_scale must be"),
+        (lambda a: {**a, "w_scale": a["w_scale"][:1]}, ValueError, "w_scale must be"),
+        (lambda a: {**a, "w_q": a["w_q"][:, :128]}, ValueError, "w_q must be"),
+        (lambda a: {**a, "out_dtype": torch.int32}, TypeError, "out_dtype"),
+    ],
+)
+def test_bad_input_names_the_argument(mutate, error, match):
+    q, xs, w_q, w_s = make_inputs(2, 256, 512, device="cpu")
+    args = mutate({"q": q, "x_scale": xs, "w_q": w_q, "w_scale": w_s, "out_dtype": BF16})
+    with pytest.raises(error, match=match):
+        bm.blockscale_mm(args["q"], args["x_scale"], args["w_q"], args["w_scale"], args["out_dtype"])
+
+
+# ---------------------------------------------------------------- per-tensor
+
+
+def _per_tensor_inputs(m, n, k, device=DEVICE):
+    g = torch.Generator().manual_seed(1)
+    fp8, fp8_max = arch.fp8_dtype(device), arch.fp8_max(device)
+    qa, sa = ref.per_tensor_quant(torch.randn(m, k, generator=g).to(device), fp8, fp8_max)
+    qw, sw = ref.per_tensor_quant(torch.randn(n, k, generator=g).to(device) * 0.05, fp8, fp8_max)
+    return qa, sa, qw, sw
+
+
+@pytest.mark.parametrize("m, n, k", [(5, 48, 100), (1, 128, 4096)])  # K=100: masked K tail
+def test_per_tensor_tiled(m, n, k):
+    qa, sa, qw, sw = _per_tensor_inputs(m, n, k)
+    want = (qa.float() * sa) @ (qw.float() * sw).t()
+    assert_close(per_tensor_mm(qa, sa, qw, sw, FP32, path="tiled"), want, FP32, "per-tensor tiled")
+    assert_close(per_tensor_mm(qa, sa, qw, sw, BF16), want, BF16, "per-tensor auto")
+    if DEVICE == "cpu":
+        assert path_for(qa, qw, BF16) == "tiled"
+
+
+def test_per_tensor_unknown_path():
+    qa, sa, qw, sw = _per_tensor_inputs(2, 16, 32, device="cpu")
+    with pytest.raises(ValueError, match="unknown path"):
+        per_tensor_mm(qa, sa, qw, sw, BF16, path="cutlass")
