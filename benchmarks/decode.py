@@ -1,0 +1,253 @@
+"""Decode-step and prefill benchmark: block-FP8 model with the pass vs the same compile without it, and bf16.
+
+    PYTHONPATH=. python benchmarks/decode.py --presets qwen3-8b,llama3.1-8b --forms engine,hf --batches 1,8,32,64
+
+Every variant is compiled the same way (Inductor, ``triton.cudagraphs``), the only difference being the
+``post_grad_custom_post_pass``. The benchmark owns its decode loop (one compiled step per token with
+``torch.compiler.cudagraph_mark_step_begin()``), because HF ``generate()`` with a static cache under
+``reduce-overhead`` failed on the H200 image (torch 2.11, transformers 5.17) with "accessing tensor output of
+CUDAGraphs that has been overwritten". The KV cache is static (engine ``KVCache`` / HF ``StaticCache``) and
+pre-filled with random values up to ``--context`` tokens, so every step attends over the same length.
+
+Roofline per step: bytes of every weight read once (fp8 linears + their scales + bf16 embeddings row, norms and
+lm_head) plus the KV cache read, over the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from fp8_fusion_pass import report  # noqa: E402
+from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
+from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
+from fp8_fusion_pass.models import build_model  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[decode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    bw = 2 * a.numel() * 10 / (start.elapsed_time(end) / 1e3)
+    del a, b
+    return bw
+
+
+def compile_step(fn, with_pass: bool):
+    options = {"triton.cudagraphs": True}
+    if with_pass:
+        options["post_grad_custom_post_pass"] = FP8FusionPass()
+    return torch.compile(fn, options=options, dynamic=False)
+
+
+def weight_bytes(model) -> int:
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if "embed_tokens" in name:
+            continue  # one row per token is read, not the table
+        if name.endswith("inv_freq"):
+            continue
+        total += t.numel() * t.element_size()
+    return total
+
+
+class EngineRunner:
+    def __init__(self, model, batch: int, max_seq: int, context: int):
+        self.model, self.batch = model, batch
+        self.cache = model.new_kv_cache(batch, max_seq)
+        for t in self.cache.k + self.cache.v:
+            t.normal_()
+        self.pos = torch.full((batch, 1), context, device="cuda", dtype=torch.long)
+        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+
+    def kv_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.cache.k + self.cache.v)
+
+    def step_fn(self):
+        model, cache = self.model, self.cache
+
+        def step(ids, pos):
+            return model(ids, pos, cache)
+
+        return step
+
+    def args(self):
+        return self.ids, self.pos
+
+
+class HFRunner:
+    def __init__(self, model, batch: int, max_seq: int, context: int):
+        from transformers import StaticCache
+
+        self.model, self.batch = model, batch
+        self.cache = StaticCache(config=model.config, max_cache_len=max_seq)
+        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+        self.cache_position = torch.tensor([context], device="cuda")
+        # Initialise the lazily allocated cache with one eager step, then fill it with random values.
+        with torch.no_grad():
+            model(input_ids=self.ids, past_key_values=self.cache, cache_position=self.cache_position, use_cache=True)
+        for layer in self.cache.layers:
+            layer.keys.normal_()
+            layer.values.normal_()
+
+    def kv_bytes(self) -> int:
+        return sum(la.keys.numel() * la.keys.element_size() * 2 for la in self.cache.layers)
+
+    def step_fn(self):
+        model, cache = self.model, self.cache
+
+        def step(ids, cache_position):
+            return model(input_ids=ids, past_key_values=cache, cache_position=cache_position, use_cache=True).logits
+
+        return step
+
+    def args(self):
+        return self.ids, self.cache_position
+
+
+def time_steps(step, args, steps: int) -> tuple[float, torch.Tensor]:
+    """Median ms per step over ``steps`` CUDA-graph replays (each timed with events)."""
+    out = None
+    for _ in range(3):  # warm-up: compile, record the graph
+        torch.compiler.cudagraph_mark_step_begin()
+        out = step(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.compiler.cudagraph_mark_step_begin()
+        start.record()
+        out = step(*args)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out.detach().float().clone()
+
+
+def bench_prefill(model, form: str, with_pass: bool, seq: int, steps: int) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (1, seq), device="cuda")
+    if form == "engine":
+        fn = lambda i: model(i)  # noqa: E731
+    else:
+        fn = lambda i: model(input_ids=i, use_cache=False).logits  # noqa: E731
+    step = compile_step(fn, with_pass)
+    ms, _ = time_steps(step, (ids,), steps)
+    return ms
+
+
+def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logits):
+    label = f"{scheme}{'+pass' if with_pass else ''}"
+    log(f"{preset} {form} {label}: building")
+    torch.manual_seed(0)
+    model = build_model(preset, form=form, scheme=scheme, layers=args.layers, device="cuda")
+    wbytes = weight_bytes(model)
+    report.clear_reports()
+    for batch in args.batches:
+        runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context)
+        step = compile_step(runner.step_fn(), with_pass)
+        log(f"{preset} {form} {label} batch {batch}: compiling + timing")
+        ms, logits = time_steps(step, runner.args(), args.steps)
+        roof_ms = (wbytes + runner.kv_bytes()) / bw * 1e3
+        key = (preset, form, batch)
+        err = ""
+        if scheme == "block":
+            if key in reference_logits:
+                ref = reference_logits[key]
+                err = f"{(logits - ref).norm().item() / ref.norm().item():.2e}"
+            else:
+                reference_logits[key] = logits
+        rows.append(dict(preset=preset, form=form, variant=label, batch=batch, ms=ms, roofline_ms=roof_ms, err=err))
+        del runner, step
+        torch._dynamo.reset()
+    fused = report.merged(report.all_reports()).counts() if with_pass else {}
+    prefill_ms = None
+    if args.prefill:
+        log(f"{preset} {form} {label}: prefill {args.prefill}")
+        prefill_ms = bench_prefill(model, form, with_pass, args.prefill, max(3, args.steps // 5))
+        torch._dynamo.reset()
+    rows.append(dict(preset=preset, form=form, variant=label, batch=f"prefill {args.prefill}", ms=prefill_ms,
+                     roofline_ms=None, err="", fused=fused))
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--presets", default="qwen3-8b,llama3.1-8b")
+    p.add_argument("--forms", default="engine,hf")
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--layers", type=int, default=None, help="shorten the model (default: all layers)")
+    p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache at each decode step")
+    p.add_argument("--prefill", type=int, default=2048, help="prefill length at batch 1 (0: skip)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
+    args = p.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    torch.set_grad_enabled(False)
+    bw = copy_bandwidth()
+    log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {torch.cuda.get_device_name()}")
+    rows: list[dict] = []
+    for preset in args.presets.split(","):
+        get_preset(preset)
+        for form in args.forms.split(","):
+            reference_logits: dict = {}
+            run_variant(preset, form, "block", False, args, bw, rows, reference_logits)
+            run_variant(preset, form, "block", True, args, bw, rows, reference_logits)
+            if not args.no_bf16:
+                run_variant(preset, form, "bf16", False, args, bw, rows, reference_logits)
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list[dict]) -> None:
+    from tabulate import tabulate
+
+    by_key = {(r["preset"], r["form"], r["variant"], str(r["batch"])): r for r in rows}
+    table = []
+    for (preset, form, variant, batch), r in by_key.items():
+        if variant != "block+pass":
+            continue
+        base = by_key.get((preset, form, "block", batch))
+        bf16 = by_key.get((preset, form, "bf16", batch))
+        ms = r["ms"]
+        table.append([
+            preset, form, batch,
+            f"{base['ms']:.3f}" if base and base["ms"] else "-",
+            f"{ms:.3f}" if ms else "-",
+            f"{base['ms'] / ms:.3f}x" if base and base["ms"] and ms else "-",
+            f"{bf16['ms']:.3f}" if bf16 and bf16["ms"] else "-",
+            f"{bf16['ms'] / ms:.2f}x" if bf16 and bf16["ms"] and ms else "-",
+            f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "-",
+            r.get("err", ""),
+        ])
+    print(tabulate(table, headers=["preset", "form", "batch", "fp8 ms", "fp8+pass ms", "pass speed-up",
+                                   "bf16 ms", "vs bf16", "roofline ms", "logits rel err"]))
+    for r in rows:
+        if r.get("fused"):
+            print(f"fused ({r['preset']} {r['form']}): {r['fused']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
