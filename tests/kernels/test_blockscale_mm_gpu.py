@@ -1,0 +1,176 @@
+"""On a CUDA GPU: every block-scale GEMM path against the fp32 dequantized oracle at the real model K and odd M.
+
+Run on the H200 with ``python -m pytest tests/kernels/test_blockscale_mm_gpu.py -m gpu -q -s``; ``-s`` shows the
+table of relative errors per path (Frobenius-relative, and max |error| / max |oracle|) that the notes quote.
+Paths: cuBLAS v1 (``torch._scaled_mm``, only where K/128 % 4 == 0), cuBLAS v2 (``F.scaled_mm``, weight scales
+padded to a multiple of 4 K blocks), Triton tiled, Triton small-M; and the public op, whatever it picks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tabulate import tabulate
+from gemm_helpers import dequant_weight_128, make_inputs, rel_errors
+from tolerances import GEMM_REL_ERR_BF16_OUT
+
+import fp8_fusion_pass.kernels.ops  # noqa: F401
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import backends, cublas
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton.per_tensor_mm import per_tensor_mm
+
+pytestmark = pytest.mark.gpu
+BF16, FP32 = torch.bfloat16, torch.float32
+
+# This module's tolerance (tests/tolerances.py has no GPU fp32-output entry): with fp32 output there is no
+# output rounding to hide the FP8 tensor cores' own accumulation, which keeps about 14 mantissa bits
+# (DeepSeek-V3 report §3.3.2; Triton's default on sm90 is max_num_imprecise_acc = 2**30). Our kernels promote
+# to fp32 every 128 K (as DeepGEMM does), so the error is that of one 128-long sum: ~2^-14 x a few. 1e-3 still
+# catches every layout bug seen (K/128 % 4 != 0 on v1: 0.32).
+GPU_FP32_OUT_REL_ERR = 1e-3
+TOL = {BF16: GEMM_REL_ERR_BF16_OUT, FP32: GPU_FP32_OUT_REL_ERR}
+
+# (N, K): Qwen3-8B qkv / o / down, Llama-3.1-8B down, Qwen3-32B qkv / o / down. K covers 4096, 5120, 8192,
+# 12288, 14336, 25600; N covers 4096 and 6144.
+SHAPES = [(6144, 4096), (4096, 4096), (4096, 12288), (4096, 14336), (10240, 5120), (5120, 8192), (5120, 25600)]
+ODD_M = (1, 3, 17, 33, 2049)
+ROWS: list[tuple] = []  # (test, path, M, N, K, out dtype, rel err, max err) for the printed table
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    torch.backends.cuda.matmul.allow_tf32 = False  # the oracle must be a true fp32 matmul
+    yield
+    if ROWS:
+        headers = ["test", "path", "M", "N", "K", "out", "rel err (Frobenius)", "max err / max |y|"]
+        print("\n" + tabulate(ROWS, headers=headers, floatfmt=".2e"))
+
+
+def _check(test, path, y, want, out_dtype, m, n, k):
+    fro, worst = rel_errors(y, want)
+    ROWS.append((test, path, m, n, k, str(out_dtype).removeprefix("torch."), fro, worst))
+    assert y.dtype == out_dtype and y.shape == want.shape
+    assert fro <= TOL[out_dtype] and worst <= TOL[out_dtype], f"{path} M={m} N={n} K={k}: {fro:.2e} / {worst:.2e}"
+
+
+_WEIGHTS: dict = {}
+
+
+def _weights(n, k):
+    # One weight (and its fp32 dequantization) per shape, shared by every M and path of this module.
+    if (n, k) not in _WEIGHTS:
+        _, _, w_q, w_s = make_inputs(1, n, k, device="cuda", seed=n + k)
+        w32 = w_q.float() * w_s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+        _WEIGHTS.clear()
+        _WEIGHTS[(n, k)] = (w_q, w_s, w32)
+    return _WEIGHTS[(n, k)]
+
+
+def _activations(m, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(device="cuda", dtype=BF16)
+    return ref.group_quant(x, 128, arch.fp8_dtype("cuda"), arch.fp8_max("cuda"))
+
+
+def _paths(k):
+    on_hopper = arch.arch_of("cuda").blockwise_scaled_mm
+    paths = [("tiled", None), ("small_m", None)]
+    if on_hopper and (k // 128) % 4 == 0:
+        paths.append(("cublas", "v1"))
+    if on_hopper and cublas.has_v2():
+        paths.append(("cublas", "v2"))
+    return paths
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", ODD_M)
+def test_every_path_matches_oracle(m, n, k):
+    w_q, w_s, w32 = _weights(n, k)
+    q, xs = _activations(m, k)
+    want = ref.dequant_activation(q, xs) @ w32.t()
+    for path, variant in _paths(k):
+        y = bm.run(path, q, xs, w_q, w_s, BF16, variant=variant)
+        _check("every path", f"{path} {variant or ''}".strip(), y, want, BF16, m, n, k)
+    for path in ("tiled", "small_m"):  # fp32 output: no rounding hides the accumulation
+        _check("fp32 out", path, bm.run(path, q, xs, w_q, w_s, FP32), want, FP32, m, n, k)
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 32, 64, 128, 256, 2048, 2049])
+@pytest.mark.parametrize("n, k", [(4096, 4096), (5120, 25600), (24576, 4096)])
+def test_public_op_matches_oracle(m, n, k):
+    # Whatever the plan picks (the measured TABLE once filled), through the op and the Triton backend.
+    w_q, w_s, w32 = _weights(n, k)
+    q, xs = _activations(m, k)
+    with backends.use_backend("triton"):
+        y = torch.ops.fp8_fusion.blockscale_mm(q, xs, w_q, w_s, BF16)
+    _check("public op", bm.plan_for(q, xs, w_q, w_s, BF16).path, y, ref.dequant_activation(q, xs) @ w32.t(),
+           BF16, m, n, k)  # fmt: skip
+
+
+def test_every_table_entry_is_correct():
+    a = arch.arch_of("cuda")
+    entries = [(key, choice) for key, choice in bm.TABLE.items() if key[0] == a.name]
+    for (_, bucket, n, k), choice in entries:
+        w_q, w_s, w32 = _weights(n, k)
+        q, xs = _activations(min(bucket, 4096), k)
+        y = bm.run(choice.path, q, xs, w_q, w_s, BF16, config=choice.config)
+        _check("table", f"{choice.path} {choice.config}", y, ref.dequant_activation(q, xs) @ w32.t(), BF16,
+               q.shape[0], n, k)  # fmt: skip
+
+
+@pytest.mark.parametrize("k", [384, 640, 1152])  # K/128 = 3, 5, 9
+def test_k_blocks_not_multiple_of_4_never_reach_v1(k):
+    m, n = 16, 4096
+    q, xs, w_q, w_s = make_inputs(m, n, k, device="cuda")
+    want = ref.dequant_activation(q, xs) @ ref.dequant_weight(w_q, w_s).t()
+    with pytest.raises(ValueError, match="silently" if arch.arch_of(q.device).blockwise_scaled_mm else "SM90"):
+        bm.run("cublas", q, xs, w_q, w_s, BF16, variant="v1")
+    assert cublas.blockwise_variant(k) != "v1"
+    for rows in (1, 16, 17, 256, 2048):  # the public path at every bucket is correct
+        qr, xr = _activations(rows, k, seed=rows)
+        y = bm.blockscale_mm(qr, xr, w_q, w_s, BF16)
+        wr = ref.dequant_activation(qr, xr) @ ref.dequant_weight(w_q, w_s).t()
+        _check("K/128 % 4 != 0", bm.plan_for(qr, xr, w_q, w_s, BF16).path, y, wr, BF16, rows, n, k)
+    if arch.arch_of("cuda").blockwise_scaled_mm and cublas.has_v2():
+        _check("K/128 % 4 != 0", "cublas v2", bm.run("cublas", q, xs, w_q, w_s, BF16), want, BF16, m, n, k)
+        # For the record only: what raw v1 does with the unpadded layout (0.32 on torch 2.11, or an error).
+        try:
+            raw = torch._scaled_mm(q, w_q.t(), scale_a=xs.t().contiguous().t(), scale_b=w_s.t(), out_dtype=BF16)
+            fro, worst = rel_errors(raw, want)
+        except RuntimeError:
+            fro = worst = float("nan")
+        ROWS.append(("hazard (not used)", "raw _scaled_mm v1 unpadded", m, n, k, "bfloat16", fro, worst))
+
+
+def test_v2_under_torch_compile_fullgraph(monkeypatch):
+    # F.scaled_mm graph-breaks Dynamo on 2.11 / 2.12; inside the custom op it is never traced.
+    if not (arch.arch_of("cuda").blockwise_scaled_mm and cublas.has_v2()):
+        pytest.skip("needs SM90 and F.scaled_mm")
+    monkeypatch.setattr(backends, "get_kernel", lambda op, device: lambda *a: bm.run("cublas", *a))
+    q, xs, w_q, w_s = make_inputs(32, 4096, 640, device="cuda")
+    f = torch.compile(lambda *a: torch.ops.fp8_fusion.blockscale_mm(*a, BF16), fullgraph=True)
+    want = ref.dequant_activation(q, xs) @ ref.dequant_weight(w_q, w_s).t()
+    _check("compile fullgraph", "cublas v2", f(q, xs, w_q, w_s), want, BF16, 32, 4096, 640)
+
+
+@pytest.mark.parametrize("path, k", [("tiled", 4096), ("tiled", 4104), ("cublas", 4096), (None, 4104)])
+@pytest.mark.parametrize("m", [1, 3, 17, 2049])
+def test_per_tensor(path, k, m):
+    n = 4096
+    g = torch.Generator().manual_seed(m)
+    fp8, fp8_max = arch.fp8_dtype("cuda"), arch.fp8_max("cuda")
+    qa, sa = ref.per_tensor_quant(torch.randn(m, k, generator=g).cuda(), fp8, fp8_max)
+    qw, sw = ref.per_tensor_quant(torch.randn(n, k, generator=g).cuda() * 0.05, fp8, fp8_max)
+    want = (qa.float() * sa) @ (qw.float() * sw).t()
+    y = per_tensor_mm(qa, sa, qw, sw, BF16, path=path)
+    _check("per-tensor", path or "auto", y, want, BF16, m, n, k)
+
+
+def test_ceil_blocks_on_gpu():
+    n, k = 4160, 4224  # 32.5 and 33 weight blocks
+    q, xs, w_q, w_s = make_inputs(17, n, k, device="cuda")
+    want = ref.dequant_activation(q, xs) @ dequant_weight_128(w_q, w_s).t()
+    for path in ("tiled", "small_m"):
+        _check("ceil blocks", path, bm.run(path, q, xs, w_q, w_s, BF16), want, BF16, 17, n, k)
