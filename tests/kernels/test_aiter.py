@@ -50,23 +50,32 @@ TOL = {
 }
 
 
-def _forget_aiter():
-    for name in [n for n in sys.modules if n == "aiter" or n.startswith("aiter.")]:
-        del sys.modules[name]
+def _aiter_modules() -> dict:
+    return {n: m for n, m in sys.modules.items() if n == "aiter" or n.startswith("aiter.")}
+
+
+def _forget_caches():
     adapters._forget_import_error()
     backends._kernels.cache_clear()
 
 
 @pytest.fixture
 def standin(monkeypatch):
-    """The stand-in in place of ``aiter`` for this test (the real one, if installed, is hidden meanwhile)."""
+    """The stand-in in place of ``aiter`` for this test. A real aiter already imported is set aside and put back
+    afterwards (importing it twice would register its torch.library ops twice)."""
+    real = _aiter_modules()
+    for name in real:
+        del sys.modules[name]
     monkeypatch.syspath_prepend(str(STANDIN_DIR))
-    _forget_aiter()
+    _forget_caches()
     import aiter
 
     assert aiter.STANDIN
     yield aiter
-    _forget_aiter()
+    for name in _aiter_modules():
+        del sys.modules[name]
+    sys.modules.update(real)
+    _forget_caches()
 
 
 @contextlib.contextmanager
@@ -120,8 +129,7 @@ def test_simulated_rocm_dispatches_to_aiter(standin, gfx):
 def test_aiter_missing_falls_back_and_explicit_request_says_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "aiter", None)  # `import aiter` fails even where aiter is installed
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # so the CPU fallback is the reference, not the interpreter
-    adapters._forget_import_error()
-    backends._kernels.cache_clear()
+    _forget_caches()
     with arch.simulate_arch("gfx950"):
         assert backends.chosen_backends(CPU) == ("reference",)
         q, _ = OPS.group_quant(_activations((2, 256)))
@@ -131,7 +139,7 @@ def test_aiter_missing_falls_back_and_explicit_request_says_why(monkeypatch):
         ):
             backends.get_kernel("group_quant", CPU)
         assert adapters.kernels() == {}
-    adapters._forget_import_error()
+    _forget_caches()
 
 
 def test_aiter_and_arch_disagreeing_on_fp8_is_unavailable(standin):
@@ -246,11 +254,11 @@ def test_dynamic_per_tensor_quant_overwrites_scale(standin, gfx):
 # ---------------------------------------------------------------- block-scale GEMM
 
 
-def _gemm_inputs(m, n, k, a, seed=8):
+def _gemm_inputs(m, n, k, a, seed=8, device=CPU):
     g = torch.Generator().manual_seed(seed)
-    q, x_scale = reference.group_quant(_activations((m, k), seed), 128, a.fp8_dtype, a.fp8_max)
-    w_q, w_scale = reference.quantize_weight_blockwise(torch.randn(n, k, generator=g), (128, 128), a.fp8_dtype,
-                                                       a.fp8_max)
+    q, x_scale = reference.group_quant(_activations((m, k), seed).to(device), 128, a.fp8_dtype, a.fp8_max)
+    w = torch.randn(n, k, generator=g).to(device)
+    w_q, w_scale = reference.quantize_weight_blockwise(w, (128, 128), a.fp8_dtype, a.fp8_max)
     return q, x_scale, w_q, w_scale
 
 
@@ -310,8 +318,7 @@ def real_aiter():
     aiter = pytest.importorskip("aiter")
     if getattr(aiter, "STANDIN", False):
         pytest.skip("the stand-in is on sys.path")
-    adapters._forget_import_error()
-    backends._kernels.cache_clear()
+    _forget_caches()
     reason = adapters.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -349,7 +356,7 @@ def test_rocm_fused_and_quant_ops_against_reference(real_aiter, m):
 def test_rocm_blockscale_mm_plain_and_preshuffled(real_aiter, m, n, k):
     dev = torch.device("cuda")
     a = arch.arch_of(dev)
-    q, x_scale, w_q, w_scale = (t.to(dev) for t in _gemm_inputs(m, n, k, a))
+    q, x_scale, w_q, w_scale = _gemm_inputs(m, n, k, a, device=dev)
     want = reference.dequant_activation(q, x_scale) @ reference.dequant_weight(w_q, w_scale).t()
     with backends.use_backend("aiter"):
         assert _rel_err(OPS.blockscale_mm(q, x_scale, w_q, w_scale, torch.bfloat16), want) < GEMM_REL_ERR_BF16_OUT
