@@ -38,6 +38,11 @@ MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama", "qwen2": "qwen2", "mistral": 
 # ones, so that a swapped q_norm / k_norm or input / post-attention norm changes the output and tests see it.
 INIT_STD = 0.02
 NORM_NOISE = 0.1
+# Linear weights get a log-normal magnitude per output row and per input column (exp(N(0, 0.5^2)), variance
+# kept at INIT_STD^2), as trained weights have outlier channels. With iid weights every 128x128 block has the
+# same amax within ~10%, so a scale applied to the wrong block would go unnoticed; with this spread block scales
+# differ up to ~10x and a misplaced scale is a visible error.
+CHANNEL_LOG_STD = 0.5
 
 
 @contextlib.contextmanager
@@ -106,8 +111,13 @@ def _init_(mod: nn.Module, gen: torch.Generator | None) -> None:
         for name, p in mod.named_parameters(recurse=False):
             if _is_norm(mod):
                 p.normal_(0.0, NORM_NOISE, generator=gen).add_(1.0)
-            else:
-                p.normal_(0.0, INIT_STD, generator=gen)
+                continue
+            p.normal_(0.0, INIT_STD, generator=gen)
+            if isinstance(mod, nn.Linear) and name == "weight":
+                for dim, size in enumerate(p.shape):
+                    f = torch.empty(size, device=p.device, dtype=torch.float32).normal_(0, CHANNEL_LOG_STD, generator=gen)
+                    f = (f - CHANNEL_LOG_STD**2).exp()  # E[exp(2 * (N(0, s^2) - s^2))] = 1: variance kept
+                    p.mul_((f[:, None] if dim == 0 else f[None, :]).to(p.dtype))
 
 
 def _materialize(mod: nn.Module, device: torch.device, gen, recurse: bool) -> None:
