@@ -1,9 +1,9 @@
 """aiter backend (ROCm): thin adapters to aiter's kernels - argument reordering and layout conversion, no math.
 
 Checked against the ROCm/aiter sources, read (never run: no AMD hardware was available to this project) at
-HEAD ``e4048607`` (2026-08-22, after tag v0.1.20.post1) and tag ``v0.1.7`` (``de14bec0``, 2025-11-10, the
-signatures of the PyPI wheel amd-aiter 0.1.7.post2.dev18). Every function below has the same signature and
-arithmetic in both.
+HEAD ``e4048607`` (2026-08-22, after tag v0.1.20.post1) and tag ``v0.1.7`` (``de14bec0``, 2025-11-10; the PyPI
+wheel amd-aiter 0.1.7.post2.dev18 has its signatures, per research/kernels.md). Every function below has the same
+arithmetic in both and the same signature up to trailing keywords we do not pass.
 
 | our op                   | aiter function (file at HEAD)                                                  |
 |--------------------------|--------------------------------------------------------------------------------|
@@ -30,7 +30,8 @@ produced by ``transpose_scale=True``.
 
 Numerics (aiter's, not the reference's; tests/kernels/test_aiter.py states the bounds): the fused Triton kernels
 keep the normalized / activated value in fp32 up to the fp8 cast (no rounding to bf16), normalise the fp32 sum
-``x + residual`` (``out_res1`` is that sum rounded to x.dtype, equal to the reference's residual_out), use
+``x + residual`` (``out_res1`` is that sum rounded to x.dtype, equal to the reference's residual_out) - so on this
+backend even ``silu_mul_group_quant`` is not bit-exact with ``silu_and_mul`` + ``group_quant`` - and use
 ``scale = max(amax, 1e-10) / finfo(fp8).max`` and ``q = clamp(x * (1 / scale))``. The HIP group quant uses
 ``scale = amax * (1 / max)``. ``dynamic_per_tensor_quant`` has no amax floor: an all-zero input gives scale 0 and
 NaN values (the reference gives zeros). fp8 max is ``finfo``'s: 240 for gfx942's e4m3fnuz, 448 for gfx950's e4m3fn.
@@ -226,8 +227,10 @@ def preshuffle_weight(w_q: torch.Tensor) -> torch.Tensor:
     ``gemm_a8w8_blockscale_bpreshuffle`` on it. Do it once, at load time; the result is the same shape [N, K] but
     only the aiter backend reads it correctly (other backends get ``unshuffle_weight`` of it, a copy per call).
 
-    Needs N % 16 == 0 and K % 32 == 0 (every Qwen3 / Llama linear). On gfx950, sglang takes this path only with
-    ROCm >= 7.2 ("ROCm 7.0 hipcc miscompiles gemm_a8w8_blockscale_bpreshuffle on gfx95", sglang #23319).
+    Needs N % 16 == 0 and K % 32 == 0 (every Qwen3 / Llama linear). Shuffle after loading the checkpoint: the mark
+    belongs to the storage, so data copied into it later (``load_state_dict``) must be shuffled already. On gfx950,
+    sglang takes this path only with ROCm >= 7.2 ("ROCm 7.0 hipcc miscompiles gemm_a8w8_blockscale_bpreshuffle on
+    gfx95", sglang #23319).
     """
     from .backends import BackendUnavailable
 
