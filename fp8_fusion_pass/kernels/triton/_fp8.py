@@ -1,0 +1,136 @@
+"""Shared Triton helpers: NaN-propagating amax, the fp8 cast, and the 1 x G group-quant step.
+
+Every quant kernel calls ``group_quant_tile`` so that all of them round identically to ``reference.group_quant``:
+  amax  = max |y| over the group (NaN propagates: a NaN anywhere gives that group a NaN scale, nothing else)
+  scale = max(amax, 1e-10) / FP8_MAX                      (correctly rounded division, as torch's ``/``)
+  q     = cast_fp8(clamp(y / scale, -FP8_MAX, FP8_MAX))   (correctly rounded division, RTNE cast)
+Bit-exact with the torch reference: ``tl.math.div_rn`` is IEEE division (plain ``/`` lowers to the approximate
+``div.full.f32`` on NVIDIA, 2 ulp), max is exact, and both casts round to nearest even.
+
+The CPU interpreter (``TRITON_INTERPRET=1``, triton 3.9) casts fp32 -> fp8 wrongly; verified here on 16 values:
+126.56 -> 64 (a mantissa carry is lost), 1.0625 -> 1.125 (ties round away, not to even), 0.0019531 -> 0 (fp8
+subnormals below the grid flush), NaN -> 384 / 192 (NaN is lost). So when ``EMULATE`` is set (launchers set it
+from ``arch.triton_interpreting()``) the helper never asks Triton to convert a value: it rounds to the e4m3 grid in
+fp32 arithmetic (exponent from the bits, step = 2^(max(e, E_MIN) - 3), magic-number RTNE) and assembles the fp8
+byte itself, then bitcasts. On a GPU the flag is False and the hardware cast (``cvt.rn.satfinite``) runs.
+The interpreter's fp32 -> bf16 cast truncates (48% of 1024 random values differ from torch's RTNE; fp16 is
+right), so every rounding to the activation dtype goes through ``round_to``, which rounds bf16 in integer
+arithmetic under the same flag.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch
+
+# reference.AMAX_FLOOR: an all-zero group gets scale 1e-10 / FP8_MAX and zeros, never NaN.
+AMAX_FLOOR = tl.constexpr(1e-10)
+# 2^23: in fp32, (y + 2^23) - 2^23 rounds 0 <= y < 2^22 to an integer, ties to even.
+_RNE_MAGIC = tl.constexpr(8388608.0)
+
+
+def fp8_constexprs(device: torch.device) -> dict:
+    """Constexpr kwargs describing the device's fp8 flavour, for every quant kernel launch."""
+    a = arch.arch_of(device)
+    return {
+        "FP8_MAX": a.fp8_max,
+        "FP8_MIN_EXP": a.fp8_min_normal_exp,
+        "FNUZ": a.fp8_dtype == torch.float8_e4m3fnuz,
+        "EMULATE_CAST": arch.triton_interpreting(),
+    }
+
+
+@triton.jit
+def max_nan(a, b):
+    """max that propagates NaN (tl.max / tl.maximum default to maxnum, which drops it: verified, 3.0865 vs nan)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def amax_nan(v, axis: tl.constexpr, EMULATE_CAST: tl.constexpr):
+    """max |v| along ``axis``, NaN if any element is NaN (torch's ``amax``).
+
+    On the GPU one ``max.NaN`` reduction. The interpreter runs a custom-combine ``tl.reduce`` element by element
+    in Python (a 17 x 5120 group quant took 31 s, 30 s of it there), so under ``EMULATE_CAST`` (set exactly when
+    interpreting) it takes numpy's max, which drops NaN, and adds a sum that is NaN iff a NaN is present.
+    """
+    if EMULATE_CAST:
+        return tl.max(tl.abs(v), axis) + tl.sum(tl.where(v != v, v, 0.0), axis)  # noqa: PLR0124
+    return tl.reduce(tl.abs(v), axis, max_nan)
+
+
+@triton.jit
+def round_to(v, dtype: tl.constexpr, EMULATE_CAST: tl.constexpr):
+    """fp32 ``v`` rounded to nearest even in ``dtype`` (bf16 / fp16 / fp32): what torch's ``.to(dtype)`` does."""
+    if EMULATE_CAST and dtype == tl.bfloat16:
+        bits = v.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # RTNE on the top 16 bits; inf stays inf
+        rounded = tl.where(v != v, bits, rounded)  # noqa: PLR0124 - NaN: adding could carry into the sign
+        return rounded.to(tl.float32, bitcast=True).to(dtype)  # exact now, so the truncating cast is harmless
+    return v.to(dtype)
+
+
+@triton.jit
+def _emulated_fp8_code(v, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr):
+    """The e4m3 byte of fp32 ``v`` (already clamped to +-FP8_MAX, or NaN), rounded to nearest even, in integer
+    and exact fp32 arithmetic only.
+
+    With e = max(exponent(v), E_MIN) and step = 2^(e - 3), n = rint(|v| / step) counts grid steps (0..16); the byte
+    magnitude is (e - E_MIN) * 8 + n. That one formula covers subnormals (e = E_MIN, n < 8), normals (8 <= n < 16)
+    and the carry of a round-up into the next binade (n = 16 equals the next exponent's n = 8).
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    nan = v != v  # noqa: PLR0124 - the NaN test
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, FP8_MIN_EXP)
+    e = tl.where(nan, 0, e)  # keep the scaling finite for NaN lanes; their byte is overwritten below
+    inv_step = ((127 + 3 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3 - e): exact power of two
+    y = tl.where(nan, 0.0, tl.abs(v)) * inv_step  # exact: scaling by a power of two, no underflow for e >= E_MIN
+    n = ((y + _RNE_MAGIC) - _RNE_MAGIC).to(tl.int32)
+    code = (e - FP8_MIN_EXP) * 8 + n
+    if FNUZ:
+        # e4m3fnuz: no negative zero (0x80 is its only NaN), so -0 -> 0x00, NaN -> 0x80.
+        code = tl.where((bits < 0) & (code != 0), code | 0x80, code)
+        code = tl.where(nan, 0x80, code)
+    else:
+        # e4m3fn: sign bit as is (-0 -> 0x80, as torch); NaN -> 0x7F with its sign, torch's encoding.
+        code = tl.where(nan, 0x7F, code)
+        code = tl.where(bits < 0, code | 0x80, code)
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def cast_fp8(
+    v,
+    out_dtype: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    FP8_MIN_EXP: tl.constexpr,
+    FNUZ: tl.constexpr,
+    EMULATE_CAST: tl.constexpr,
+):
+    """clamp(v, +-FP8_MAX) cast to fp8 with round-to-nearest-even; NaN stays NaN (propagating clamp)."""
+    v = tl.clamp(v, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    if EMULATE_CAST:
+        return _emulated_fp8_code(v, FP8_MIN_EXP, FNUZ).to(out_dtype, bitcast=True)
+    return v.to(out_dtype)
+
+
+@triton.jit
+def group_quant_tile(
+    y,
+    out_dtype: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    FP8_MIN_EXP: tl.constexpr,
+    FNUZ: tl.constexpr,
+    EMULATE_CAST: tl.constexpr,
+):
+    """Quantize fp32 ``y [BM, GPC, G]`` per group (the last axis). Returns ``(q [BM, GPC, G] fp8, scale [BM, GPC])``.
+
+    Masked-out lanes must hold 0 (they then give amax 0 and are not stored by the caller).
+    """
+    amax = amax_nan(y, 2, EMULATE_CAST)
+    scale = tl.math.div_rn(max_nan(amax, AMAX_FLOOR), FP8_MAX)
+    q = tl.math.div_rn(y, scale[:, :, None])
+    return cast_fp8(q, out_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST), scale

@@ -1,0 +1,112 @@
+"""Tile shapes for the memory-bound kernels, and the small helpers every launcher shares.
+
+Every kernel here works on 3-D tiles ``[BLOCK_M rows, GPC groups, G columns]``: G contiguous columns are one
+quant group (or, for the unquantized ops, one column block), so each group's amax is a reduction over the last
+axis and no reshape is needed. G >= 64 bf16 values gives each thread 16-byte vector loads (8 x bf16).
+
+Why these numbers (H200: 132 SMs, 64 warps / SM, 64K registers / SM, 50 MB L2, ~4.8 TB/s HBM3e):
+- Little's law: ~4.8 TB/s x ~0.7 us loaded DRAM latency ~ 3.4 MB in flight, ~26 KB per SM. A program that loads
+  a 4096-element bf16 tile (8 KB, 16 values / thread at 8 warps) with >= 4 programs resident per SM keeps
+  >= 32 KB in flight. ``TILE`` = 4096 is that budget; the 1-row-per-program kernel measured in issue 7 (K=4096,
+  4 KB tile per program) reached 191 us against a 37 us roofline.
+- ``TARGET_PROGRAMS`` = 264 (2 per SM): at small M the tile shrinks (rows first, then groups) until the grid
+  covers the GPU twice; below that the kernel is launch-bound (~3 us) whatever the tile.
+- Row kernels (norms) need the whole row in one program. Power-of-two rows up to 8192 (every listed hidden size
+  but 5120) stay in registers between the sum of squares and the normalisation (``one_pass``). Other rows
+  (K=5120: 40 groups would pad to 64, 37.5% dead lanes, what aiter does) loop over exact 1024-column chunks
+  twice: the first pass reads HBM, the second re-reads the row from L2 (a program's row is < 64 KB and was read
+  microseconds before; 132 SMs x 8 programs x 10 KB = 10 MB << 50 MB L2), so HBM traffic stays minimal.
+Under the CPU interpreter (``TRITON_INTERPRET=1``) every program costs ~25 ms of Python whatever its size
+(K=5120, M=17: 680 one-group programs took 17 s), so there the tiles grow to ``INTERPRETER_TILE`` and the grid
+shrinks to a few programs; the GPU tiles are exercised there through the ``tile=`` override in the tests.
+These are first choices from that reasoning; ``benchmarks/kernels.py --sweep`` measures the alternatives on the
+GPU and the table here is to be updated with its numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch
+
+TILE = 4096  # elements per program per step at large M (see module docstring)
+TARGET_PROGRAMS = 264  # 2 programs per SM on a 132-SM H200
+MAX_ONE_PASS_K = 8192  # longest row kept in registers: 16 warps x 32 threads x 16 values
+CHUNK = 1024  # columns per step of the two-pass row loop: divides 5120, 25600, 12288, 14336, 28672
+INTERPRETER_TILE = 1 << 15  # elements per program under TRITON_INTERPRET=1 (numpy: size is cheap, count is not)
+MIN_EFFICIENCY = 0.875  # accept a group chunk if at most 1/8 of its lanes are masked past the row end
+
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    block_m: int  # rows per program
+    gpc: int  # groups (column blocks of G) per program step
+    num_warps: int
+    one_pass: bool = True  # row kernels: the whole row is one step, kept in registers
+
+    def as_kwargs(self) -> dict:
+        return {"BLOCK_M": self.block_m, "GPC": self.gpc, "num_warps": self.num_warps}
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _warps(elements: int, per_thread: int = 16) -> int:
+    # 16 values per thread: two 16-byte bf16 loads in flight per thread and ~40 live fp32 registers.
+    return max(1, min(16, elements // (32 * per_thread)))
+
+
+def _group_chunk(n_groups: int, max_groups: int) -> int:
+    """Largest power-of-two group count <= max_groups whose chunks waste at most 1/8 of their lanes."""
+    gpc = _pow2_floor(max_groups)
+    while gpc > 1 and n_groups / (triton.cdiv(n_groups, gpc) * gpc) < MIN_EFFICIENCY:
+        gpc //= 2
+    return gpc
+
+
+def _budget() -> tuple[int, int]:
+    """(elements per program, programs wanted) for the device this process launches on."""
+    return (INTERPRETER_TILE, 1) if arch.triton_interpreting() else (TILE, TARGET_PROGRAMS)
+
+
+def row_tile(m: int, k: int, g: int) -> Tile:
+    """Tile of the norm kernels (one program owns whole rows). Independent of the quant flag, so the fused and
+    the unfused norm reduce in the same order (fused vs unfused is then bit-exact)."""
+    n_groups = triton.cdiv(k, g)
+    padded = triton.next_power_of_2(n_groups)
+    tile, target = _budget()
+    if padded == n_groups and k <= MAX_ONE_PASS_K:
+        block_m = min(max(1, tile // (padded * g)), triton.next_power_of_2(m))
+        while block_m > 1 and triton.cdiv(m, block_m) < target:
+            block_m //= 2
+        return Tile(block_m, padded, max(4, _warps(block_m * padded * g)), one_pass=True)
+    gpc = _group_chunk(n_groups, max(1, CHUNK // g))
+    block_m = max(1, min(tile // TILE * 2, triton.next_power_of_2(m)))
+    while block_m > 1 and triton.cdiv(m, block_m) < target:
+        block_m //= 2
+    return Tile(block_m, gpc, 4, one_pass=False)
+
+
+def elementwise_tile(m: int, n_groups: int, g: int) -> Tile:
+    """Tile of the per-group kernels (group quant, silu-mul): grid (row blocks, group chunks)."""
+    tile, target = _budget()
+    budget = max(1, tile // g)
+    gpc = _group_chunk(n_groups, min(budget, triton.next_power_of_2(n_groups)))
+    block_m = min(max(1, budget // gpc), triton.next_power_of_2(m))
+    while block_m > 1 and triton.cdiv(m, block_m) * triton.cdiv(n_groups, gpc) < target:
+        block_m //= 2
+    while gpc > 1 and triton.cdiv(m, block_m) * triton.cdiv(n_groups, gpc) < target:
+        gpc //= 2
+    return Tile(block_m, gpc, _warps(block_m * gpc * g), one_pass=True)
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [M, K] with unit column stride (a view when the leading dims allow it, else a copy)."""
+    return x.reshape(-1, x.shape[-1])

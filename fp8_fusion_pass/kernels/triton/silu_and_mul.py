@@ -1,0 +1,84 @@
+"""``silu(gate) * up`` of x [..., 2I] (gate = first half), optionally fused with the 1 x G fp8 group quant.
+
+``silu_and_mul`` and ``silu_mul_group_quant`` both launch ``_silu_and_mul_kernel``; the ``QUANT`` flag hands the
+x.dtype-rounded product to ``group_quant.store_group_quant``. The unfused pair stores that same value and
+``group_quant`` reloads it unchanged, so fused and unfused are bit-exact by construction.
+
+Numerics (``reference.silu_and_mul``, HF ``act_fn(gate) * up``): s = gate / (1 + exp(-gate)) in fp32, rounded to
+x.dtype; y = s * up (exact in fp32 for bf16 inputs), rounded to x.dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch
+from . import _tiles
+from ._fp8 import fp8_constexprs, round_to
+from .group_quant import store_group_quant
+
+COLUMN_BLOCK = 128  # G of the unquantized op: I need not be a multiple of it (columns are masked)
+
+# Triton code below keeps its arguments grouped by role (one comment per group), so the formatter is off.
+# fmt: off
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr,  # [M, 2I]: row stride stride_x; gate = columns [0, I), up = [I, 2I)
+    y_ptr,  # [M, I] contiguous, x.dtype (unquantized variant)
+    q_ptr, s_ptr,  # q: fp8 [M, I]; scale: fp32 [M, I/G]; contiguous (fused variant)
+    M, I, stride_x,
+    G: tl.constexpr, GPC: tl.constexpr, BLOCK_M: tl.constexpr,  # grid (cdiv(M, BLOCK_M), cdiv(cdiv(I, G), GPC))
+    QUANT: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows = rows.to(tl.int64)  # M * 2I overflows int32 at prefill sizes
+    g0 = tl.program_id(1) * GPC
+    cols = (g0 + tl.arange(0, GPC))[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GPC, G]
+    mask = row_ok[:, None, None] & (cols < I)
+    gate_ptrs = x_ptr + rows[:, None, None] * stride_x + cols
+    gate = tl.load(gate_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    up = tl.load(gate_ptrs + I, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    act = round_to(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), x_ptr.dtype.element_ty, EMULATE_CAST)  # F.silu
+    y = round_to(act.to(tl.float32) * up, x_ptr.dtype.element_ty, EMULATE_CAST)  # act * up, in x.dtype
+    if QUANT:
+        store_group_quant(y.to(tl.float32), q_ptr, s_ptr, rows, row_ok, cols, mask, g0, I, G, GPC,
+                          FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+    else:
+        tl.store(y_ptr + rows[:, None, None] * I + cols, y, mask=mask)
+
+
+# fmt: on
+
+
+def launch(x: torch.Tensor, group_size: int | None, tile: _tiles.Tile | None = None):
+    """``group_size=None``: returns y [..., I]; else ``(q [..., I], scale [..., I/group_size])``.
+
+    ``tile`` overrides ``_tiles.elementwise_tile`` (tests and ``benchmarks/kernels.py --sweep``)."""
+    x2 = _tiles.rows_of(x)
+    m, i = x2.shape[0], x2.shape[1] // 2
+    quant = group_size is not None
+    g = group_size if quant else COLUMN_BLOCK
+    n_groups = triton.cdiv(i, g)
+    tile = tile or _tiles.elementwise_tile(m, n_groups, g)
+    dev = x.device
+    y = x2 if quant else torch.empty((m, i), dtype=x.dtype, device=dev)  # unused pointers get x2
+    q = torch.empty((m, i), dtype=arch.arch_of(dev).fp8_dtype, device=dev) if quant else x2
+    scale = torch.empty((m, n_groups), dtype=torch.float32, device=dev) if quant else x2
+    if m > 0 and i > 0:
+        grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n_groups, tile.gpc))
+        _silu_and_mul_kernel[grid](
+            x2, y, q, scale, m, i, x2.stride(0), G=g, QUANT=quant, **fp8_constexprs(dev), **tile.as_kwargs()
+        )
+    lead = x.shape[:-1]
+    return (q.view(*lead, i), scale.view(*lead, n_groups)) if quant else y.view(*lead, i)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :I]) * x[..., I:]``, contiguous, x.dtype."""
+    return launch(x, None)
