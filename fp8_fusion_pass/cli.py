@@ -112,8 +112,9 @@ def cmd_diff(args) -> int:
     from .report import all_reports, clear_reports
 
     progress = Progress(args.quiet)
+    config = fusion_config(args.only)  # bad flags fail before the model is built
     loaded = load_model(args.model, args, progress)
-    fusion = make_fusion_pass(fusion_config(args.only))
+    fusion = make_fusion_pass(config)
     on_cuda = resolve_device(args.device).type == "cuda"
     launches: dict | None = None
     n = 2 if on_cuda else 1
@@ -263,9 +264,10 @@ def cmd_verify(args) -> int:
     from .report import all_reports, clear_reports, merged
 
     progress = Progress(args.quiet)
-    cases = vf.select_cases(args.cases)  # bad names fail before the model is built
+    cases = vf.select_cases(args.cases)  # bad flags fail before the model is built
+    config = fusion_config(args.only)
     loaded = load_model(args.model, args, progress)
-    fusion = make_fusion_pass(fusion_config(args.only))
+    fusion = make_fusion_pass(config)
     bound = args.tol if args.tol is not None else vf.REL_L2_BOUND
     progress("compile 1/2: without the pass (full Inductor compile) ...")
     _, compiled = compile_and_capture(loaded.model, loaded.inputs, None, dynamic=args.dynamic, stop=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 import time
 from typing import Any
@@ -112,6 +113,8 @@ def _from_factory(spec: str, args, device: torch.device, progress: Progress) -> 
     if not module_name or not attr:
         raise CliError(f"model {spec!r}: expected package.module:factory")
     progress(f"importing {module_name} and calling {attr}() ...")
+    if os.getcwd() not in sys.path:  # a console script does not put the working directory on sys.path
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or anything the user's module raises at import time

@@ -53,7 +53,8 @@ class NodeLine:
 
     name: str  # the FX name, used only to match nodes between the two snapshots
     kind: str  # placeholder / call_function / get_attr / output
-    op: str  # short op name: "aten.mm", "fp8_fusion.rms_norm", "getitem", "input"
+    op: str  # short op name: "aten.mm", "aten.mul.Tensor", "fp8_fusion.rms_norm", "getitem", "input"
+    base: str  # the op alone, for naming and counting: "mm", "mul", "rms_norm", "getitem"
     args: str  # rendered arguments; references to other nodes are written %fx_name
     meta: str  # dtype and shape, e.g. "bf16[2, 8, 256]"
 
@@ -64,7 +65,7 @@ class Snapshot:
     raw: str  # print_readable() text without "# File:" comments, for --dump-dir
 
     def kernel_ops(self) -> int:
-        return sum(1 for n in self.lines if n.kind == "call_function" and _base(n.op) not in _NOT_KERNEL_OPS)
+        return sum(1 for n in self.lines if n.kind == "call_function" and n.base not in _NOT_KERNEL_OPS)
 
     def custom_ops(self) -> int:
         return sum(1 for n in self.lines if n.kind == "call_function" and n.op.startswith("fp8_fusion."))
@@ -79,8 +80,10 @@ class GraphCapture:
     after: Snapshot  # == before when no fusion pass ran
 
 
-def _base(op: str) -> str:
-    return op.rsplit(".", 1)[-1]
+def _base(target: Any, op: str) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return target._opname
+    return re.sub(r"\W", "_", op.rsplit(".", 1)[-1])
 
 
 def _op_name(target: Any) -> str:
@@ -137,7 +140,8 @@ def snapshot(graph: torch.fx.Graph) -> Snapshot:
             op = "input"
         else:
             op = node.op if node.op == "output" else f"{node.op}:{node.target}"
-        lines.append(NodeLine(node.name, node.op, op, args, _meta(node)))
+        base = "in" if node.op == "placeholder" else _base(node.target, op)
+        lines.append(NodeLine(node.name, node.op, op, base, args, _meta(node)))
     gm = graph.owning_module
     raw = gm.print_readable(print_output=False) if gm is not None else str(graph)
     return Snapshot(tuple(lines), _FILE_COMMENT.sub("", raw))
@@ -154,9 +158,8 @@ def _name_map(*snapshots: Snapshot) -> dict[str, str]:
         for n in snap.lines:
             if n.name in names:
                 continue
-            base = "in" if n.kind == "placeholder" else re.sub(r"\W", "_", _base(n.op))
-            names[n.name] = f"{base}_{ordinal[base]}"
-            ordinal[base] += 1
+            names[n.name] = f"{n.base}_{ordinal[n.base]}"
+            ordinal[n.base] += 1
     return names
 
 
@@ -169,7 +172,7 @@ def normalised_text(snap: Snapshot, names: dict[str, str]) -> list[str]:
             out.append(f"{names[n.name]} = input{meta}")
         elif n.kind == "output":
             out.append(f"return {args}")
-        elif n.op == "getitem":  # tuple outputs of multi-output ops: x[i] reads better than getitem(x, i)
+        elif n.base == "getitem":  # tuple outputs of multi-output ops: x[i] reads better than getitem(x, i)
             src, _, idx = args.partition(", ")
             out.append(f"{names[n.name]} = {src}[{idx}]{meta}")
         else:
