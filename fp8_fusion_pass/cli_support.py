@@ -90,7 +90,13 @@ def load_model(spec: str, args, progress: Progress) -> LoadedModel:
     layers = _layers_text(spec, args.layers)
     what = f"{spec} ({args.form} form, {args.scheme} scheme, {layers}, {_short(dtype)}, {device})"
     progress(f"building {what} with random weights ...")
-    model = build_model(spec, form=args.form, scheme=args.scheme, layers=args.layers, dtype=dtype, device=device)
+    try:
+        model = build_model(spec, form=args.form, scheme=args.scheme, layers=args.layers, dtype=dtype, device=device)
+    except ModuleNotFoundError as exc:
+        if exc.name != "transformers":
+            raise
+        raise CliError("presets are built with transformers, which is not installed: "
+                       "pip install 'fp8-fusion-pass[hf]'") from exc
     inputs = example_inputs(model, batch=args.batch, seq=args.seq, device=device)
     return LoadedModel(model, inputs, f"{what}, batch {args.batch} x seq {args.seq}", preset=spec)
 

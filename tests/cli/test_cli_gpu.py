@@ -1,0 +1,26 @@
+"""The CUDA path of ``fp8-fusion diff``: two full compiles and kernel launches per forward from torch.profiler.
+
+Run on the GPU machine: ``python -m pytest tests/cli/test_cli_gpu.py -m gpu -q -s`` (about 2 minutes).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_run import run_cli
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("preset, scheme", [("qwen3-tiny", "block"), ("llama-tiny", "per-tensor")])
+def test_diff_on_cuda_counts_fewer_launches_with_the_pass(preset, scheme):
+    res = run_cli("diff", preset, "--scheme", scheme, "--device", "cuda", "--format", "json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "compile 1/2: without the pass" in res.stderr and "compile 2/2: with the pass" in res.stderr
+    summary = json.loads(res.stdout)["summary"]
+    launches = summary["launches_per_forward"]
+    print(preset, scheme, "launches per forward:", launches, "kernel ops:", summary["kernel_ops"])
+    assert launches["before"] > 0
+    # Each fusion removes at least one launch (a norm or quant kernel; a memset per stripped fill).
+    assert launches["after"] < launches["before"], launches
