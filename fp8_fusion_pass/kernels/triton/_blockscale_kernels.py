@@ -51,7 +51,9 @@ class SmallMConfig:
     stages: int = 4
 
 
-@triton.jit
+# M, the split's K range and the split stride vary per call: specializing on their divisibility by 16 would
+# compile one variant per value class for no gain (they only index rows and split slabs).
+@triton.jit(do_not_specialize=["M"])
 def _blockscale_mm_kernel(
     a_ptr,  # q [M, K] fp8, K contiguous
     b_ptr,  # w_q [N, K] fp8, K contiguous
@@ -115,7 +117,7 @@ def _blockscale_mm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "stride_cs", "k_tiles_per_split"])
 def _blockscale_mm_small_m_kernel(
     a_ptr,  # q [M, K] fp8
     b_ptr,  # w_q [N, K] fp8
