@@ -18,7 +18,15 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from .cli_support import CliError, Progress, fusion_config, load_model, make_fusion_pass, resolve_device
+from .cli_support import (
+    CliError,
+    Progress,
+    fusion_config,
+    import_user_module,
+    load_model,
+    make_fusion_pass,
+    resolve_device,
+)
 
 _EPILOG = (
     "MODEL is a preset (qwen3-tiny, llama-tiny, qwen3-8b, ...: random weights, no download) or "
@@ -96,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         "and scales bit for bit, and classify the op (overwrites: its zero-fill can be stripped). Exit status 1 "
         "when the op is registered with the other semantics.")
     s.add_argument("op", metavar="OP", help="op name, e.g. fp8_fusion::dynamic_per_tensor_quant")
-    s.add_argument("--shapes", metavar="MxK,...", help="input shapes (default: the probe's own set)")
+    s.add_argument("--shapes", metavar="MxK,...", help="input shapes (default: 4096x4096,1024x5120,17x4096)")
+    s.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
+                   help="import MODULE first (it registers OP with torch); repeatable")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(default: cpu)")
     s.add_argument("--format", choices=("text", "json"), default="text")
     _common(s)
@@ -321,6 +331,8 @@ def cmd_scale_probe(args) -> int:
 
     device = resolve_device(args.device)
     shapes = _parse_shapes(args.shapes)
+    for module in args.imports:
+        import_user_module(module, f"--import {module}")
     try:
         op = ss.resolve_op(args.op)
     except (LookupError, ValueError, AttributeError, RuntimeError) as exc:

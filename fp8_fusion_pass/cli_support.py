@@ -119,12 +119,7 @@ def _from_factory(spec: str, args, device: torch.device, progress: Progress) -> 
     if not module_name or not attr:
         raise CliError(f"model {spec!r}: expected package.module:factory")
     progress(f"importing {module_name} and calling {attr}() ...")
-    if os.getcwd() not in sys.path:  # a console script does not put the working directory on sys.path
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or anything the user's module raises at import time
-        raise CliError(f"model {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}") from exc
+    module = import_user_module(module_name, f"model {spec!r}")
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise CliError(f"model {spec!r}: {module_name} has no callable {attr!r}")
@@ -145,6 +140,16 @@ def _from_factory(spec: str, args, device: torch.device, progress: Progress) -> 
         inputs = _default_inputs(model, spec, args, device)
     inputs = _to_device(inputs, device)
     return LoadedModel(model, inputs, f"{spec} ({type(model).__name__}, {device})")
+
+
+def import_user_module(name: str, what: str):
+    """Import the user's module from the working directory or sys.path; any failure is one CliError line."""
+    if os.getcwd() not in sys.path:  # a console script does not put the working directory on sys.path
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # ImportError, or anything the user's module raises at import time
+        raise CliError(f"{what}: cannot import {name}: {type(exc).__name__}: {exc}") from exc
 
 
 def _default_inputs(model: torch.nn.Module, spec: str, args, device: torch.device):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import operator
 import pathlib
 import re
@@ -198,3 +199,36 @@ def test_verify_exits_1_when_the_contract_is_broken(monkeypatch, capsys):
     assert "NUMERICS CONTRACT BROKEN in 2 of 3 checks" in out, out
     assert re.search(r"^random-1\s+output\s.*\sNO\s+BROKEN$", out, re.M), out
     assert re.search(r"^nan\s+output\s.*\syes\s+ok$", out, re.M), out
+
+
+# ---------------------------------------------------------------- scale-probe on test ops (in-process: no compile)
+
+
+def test_scale_probe_classifies_an_accumulating_op_and_fails_on_a_wrong_registry_entry(capsys, monkeypatch):
+    from fp8_fusion_pass.scale_semantics import register_scale_writer, unregister_scale_writer
+
+    monkeypatch.syspath_prepend(str(HERE.parent))  # tests/: scale_test_ops
+    argv = ["scale-probe", "fp8_fusion_test::acc_quant", "--import", "scale_test_ops", "--shapes", "4x128", "-q"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fp8_fusion_test::acc_quant.default (scale) on cpu: ACCUMULATES")
+    assert re.search(r"^4x128\s.*\+inf\s+DIFFERS\s+DIFFERS\s+inf$", out, re.M), out
+    # A registry that claims "overwrites" for it is exactly the bug the probe exists to catch: exit 1.
+    previous = unregister_scale_writer("fp8_fusion_test::acc_quant")  # another test module may have registered it
+    register_scale_writer("fp8_fusion_test::acc_quant", semantics="overwrites", evidence="wrong on purpose")
+    try:
+        assert cli.main([*argv, "--format", "json"]) == 1
+    finally:
+        unregister_scale_writer("fp8_fusion_test::acc_quant")
+        if previous is not None:
+            register_scale_writer(previous.op, previous.arg, previous.semantics, evidence=previous.evidence)
+    result = json.loads(capsys.readouterr().out)
+    assert (result["semantics"], result["registered"], result["agrees_with_registry"]) == (
+        "accumulates", "overwrites", False)
+
+
+def test_scale_probe_import_failure_is_one_line(capsys):
+    assert cli.main(["scale-probe", "x::y", "--import", "no_such_ops_module", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("fp8-fusion: error: --import no_such_ops_module: cannot import no_such_ops_module: "
+                   "ModuleNotFoundError: No module named 'no_such_ops_module'")
