@@ -23,7 +23,6 @@ import itertools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -35,6 +34,8 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 
 import triton  # noqa: E402
 from tabulate import tabulate  # noqa: E402
+
+from _timing import copy_bandwidth, time_graph  # noqa: E402
 
 from fp8_fusion_pass import arch  # noqa: E402
 from fp8_fusion_pass.kernels import reference as ref  # noqa: E402
@@ -85,60 +86,6 @@ def log(msg: str) -> None:
     print(f"[gemm {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def copy_bandwidth() -> float:
-    """Bytes/s of a 2 GiB device-to-device copy (read + write counted): the roofline's denominator."""
-    if DEVICE == "cpu":
-        return 1e10
-    a = torch.empty(2 << 30, dtype=torch.uint8, device=DEVICE)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 10 / (start.elapsed_time(end) / 1e3)
-
-
-def time_graph(call, copies: int) -> float:
-    """Median microseconds per call of ``call(i)`` (i cycles through the weight copies) over CUDA-graph replays."""
-    if DEVICE == "cpu":  # --dry-run: wall clock of one call, only to exercise the script
-        t0 = time.perf_counter()
-        call(0)
-        return (time.perf_counter() - t0) * 1e6
-    for i in range(copies):  # compile, autotune nothing, warm the allocator
-        call(i)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(3):
-        call(i % copies)
-    torch.cuda.synchronize()
-    eager_us = (time.perf_counter() - t0) / 3 * 1e6
-    reps = max(copies, min(200, int(3000 / max(eager_us, 1.0))))  # ~3 ms of work per replay
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call(0)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for r in range(reps):
-            call(r % copies)
-    graph.replay()
-    times = []
-    for _ in range(10 if eager_us < 2000 else 4):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    del graph
-    return statistics.median(times)
-
-
 class Shape:
     """Weight copies (fp8 + scales, and bf16) of one projection, and its fp32 dequantization for checks."""
 
@@ -175,7 +122,8 @@ def measure(shape: Shape, q, xs, want, path: str, config=None) -> float | str:
     if not err <= CHECK_REL_ERR:
         log(f"  {path} {config or ''}: WRONG (rel err {err:.3g})")
         return "WRONG"
-    return time_graph(lambda i: bm.run(path, q, xs, *shape.w8[i], torch.bfloat16, config=config), shape.copies)
+    call = lambda i: bm.run(path, q, xs, *shape.w8[i], torch.bfloat16, config=config)  # noqa: E731
+    return time_graph(call, shape.copies, DEVICE == "cpu")
 
 
 def _best(candidates: dict) -> tuple[str, float]:
@@ -193,7 +141,7 @@ def run(shapes, ms, small_sweep, tiled_sweep, bw: float, arch_of_run: arch.Arch)
             x, q, xs = shape.inputs(m)
             want = ref.dequant_activation(q, xs) @ shape.w32.t()
             cand: dict = {}
-            bf16 = time_graph(lambda i: torch.mm(x, shape.w_bf16[i].t()), shape.bf16_copies)
+            bf16 = time_graph(lambda i: torch.mm(x, shape.w_bf16[i].t()), shape.bf16_copies, DEVICE == "cpu")
             cand[("cublas", None)] = measure(shape, q, xs, want, "cublas")
             cand[("tiled", None)] = measure(shape, q, xs, want, "tiled")
             if m <= 256:
@@ -271,7 +219,7 @@ def main(argv=None) -> int:
     shapes = QUICK_SHAPES if args.quick else SHAPES
     if args.dry_run:
         shapes, ms = [("tiny", 128, 256)], [1, 65]
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     t0 = time.time()

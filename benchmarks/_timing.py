@@ -1,0 +1,66 @@
+"""Timing helpers shared by the benchmarks: the copy bandwidth a roofline divides by, and CUDA-graph medians.
+
+``dry_run=True`` replaces the GPU measurements by a wall clock on the CPU, so a script can be checked end to end
+under the Triton interpreter; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def copy_bandwidth(dry_run: bool = False) -> float:
+    """Bytes/s of a 2 GiB device-to-device copy (read + write counted): the roofline's denominator."""
+    if dry_run:
+        return 1e10
+    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * a.numel() * 10 / (start.elapsed_time(end) / 1e3)
+
+
+def time_graph(call, copies: int, dry_run: bool = False) -> float:
+    """Median microseconds per call of ``call(i)`` (i cycles through the weight copies) over CUDA-graph replays."""
+    if dry_run:  # wall clock of one call, only to exercise the script
+        t0 = time.perf_counter()
+        call(0)
+        return (time.perf_counter() - t0) * 1e6
+    for i in range(copies):  # compile, autotune nothing, warm the allocator
+        call(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(3):
+        call(i % copies)
+    torch.cuda.synchronize()
+    eager_us = (time.perf_counter() - t0) / 3 * 1e6
+    reps = max(copies, min(200, int(3000 / max(eager_us, 1.0))))  # ~3 ms of work per replay
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for r in range(reps):
+            call(r % copies)
+    graph.replay()
+    times = []
+    for _ in range(10 if eager_us < 2000 else 4):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    del graph
+    return statistics.median(times)
