@@ -328,6 +328,25 @@ def test_compiled_outputs_bit_identical(sites):
     assert torch.equal(y, y0)
 
 
+@pytest.mark.skipif(not hasattr(torch.Tag, "out"), reason="torch.Tag.out is new in torch 2.13")
+def test_tag_out_op_leaves_no_fill_to_strip():
+    # 2.13+: functionalization drops the user's buffer of a Tag.out op (_all_bases=[]); Inductor allocates it.
+    lib = torch.library.Library("fp8_fusion_zf_out", "FRAGMENT")
+    lib.define("amax(Tensor x, *, Tensor(a!) out) -> Tensor(a!)", tags=(torch.Tag.out,))
+    lib.impl("amax", lambda x, *, out: out.copy_(x.abs().amax().reshape(1)), "CompositeExplicitAutograd")
+    torch.library.register_fake("fp8_fusion_zf_out::amax", lambda x, *, out: out, lib=lib)
+
+    def f(x):
+        scale = torch.zeros(1, dtype=torch.float32)
+        torch.ops.fp8_fusion_zf_out.amax(x, out=scale)
+        return scale * 2
+
+    x = torch.randn(4, 8)
+    y, p = _compile(f, (x,), strip=True)
+    assert (p.fills_before, p.stripped) == (0, 0) and not p.report.fills_kept
+    assert torch.equal(y, f(x))
+
+
 # ---------------------------------------------------------------- end to end: per-tensor tiny Qwen3 / Llama
 
 
