@@ -44,9 +44,10 @@ BUILTIN = (
      "infer_schema(mutates_args='unknown'): (Tensor(a0!) out, Tensor(a1!) input, Tensor(a2!) scale) -> ()"),
     ("_C::dynamic_scaled_fp8_quant", "scale", ACCUMULATES,
      "vllm-project/vllm csrc/quantization/fp8/common.cu @006ccf0e: segmented_max_reduction atomicMaxFloat-s into "
-     "the caller's scale with no init (callers pass torch.zeros(1)); later versions zero it only for strided rows, "
-     "and csrc/quantization/8bit/fp8/common.cu @619f1cf6 memsets it itself. Accumulating is the safe reading "
-     "across versions; probe the installed build and re-register as overwrites if it says so"),
+     "the caller's scale with no init (callers pass torch.zeros(1)); one stored version zeroes it only for strided "
+     "rows; csrc/quantization/w8a8/fp8/common.cu @cda1b348 and 8bit/fp8/common.cu @619f1cf6 cudaMemsetAsync it "
+     "themselves. Accumulating is the reading that is safe at every version; probe the installed build and "
+     "re-register as overwrites if it says so"),
     ("sgl_kernel::sgl_per_tensor_quant_fp8", "output_s", ACCUMULATES,
      "sgl-project/sglang sgl-kernel/csrc/gemm/per_tensor_quant_fp8.cu @28f9412d: per_tensor_absmax_kernel "
      "atomicMaxFloat-s into output_s with no init. Schema (common_extension.cc @40ef116f) declares output_s "
