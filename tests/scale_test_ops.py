@@ -45,6 +45,17 @@ def _(out, x, scale):
     return None
 
 
+_LIBS: list = []  # a Library's definitions vanish when it is garbage collected
+
+
+def sgl_like_op(ns: str):
+    """An op with sgl-kernel's per-tensor quant schema (its outputs are not declared mutable) in namespace ``ns``."""
+    lib = torch.library.Library(ns, "FRAGMENT")
+    lib.define("sgl_per_tensor_quant_fp8(Tensor input, Tensor output_q, Tensor output_s, bool is_static) -> ()")
+    _LIBS.append(lib)
+    return getattr(torch.ops, ns).sgl_per_tensor_quant_fp8.default
+
+
 ACC = torch.ops.fp8_fusion_test.acc_quant.default
 UNREG = torch.ops.fp8_fusion_test.unreg_quant.default
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scale_test_ops import ACC, UNREG, register_test_ops, unregister_test_ops
+from scale_test_ops import ACC, UNREG, register_test_ops, sgl_like_op, unregister_test_ops
 
 import fp8_fusion_pass
 from fp8_fusion_pass import scale_semantics as ss
@@ -102,9 +102,7 @@ def test_entry_for_an_op_defined_later_is_checked_when_seen():
 
 def test_accumulates_may_name_a_schema_read_only_argument():
     # sgl-kernel declares output_s without (a!); keeping its fill is always safe, so the entry is accepted.
-    lib = torch.library.Library("fp8_fusion_sgl", "FRAGMENT")
-    lib.define("q(Tensor input, Tensor output_q, Tensor output_s, bool is_static) -> ()")
-    op = torch.ops.fp8_fusion_sgl.q.default
+    op = sgl_like_op("fp8_fusion_sgl")
     ss.register_scale_writer(op, "output_s", "accumulates")
     try:
         assert ss.lookup(op, "output_s").semantics == "accumulates"

@@ -11,7 +11,7 @@ import operator
 
 import pytest
 import torch
-from scale_test_ops import ACC, UNREG, register_test_ops, unregister_test_ops
+from scale_test_ops import ACC, UNREG, register_test_ops, sgl_like_op, unregister_test_ops
 from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
@@ -200,9 +200,7 @@ def test_disabled_by_config_and_env(monkeypatch):
 
 def test_direct_calls():
     # Graphs built by hand, and ops whose schema hides the write (sgl-kernel's output_s has no (a!)).
-    lib = torch.library.Library("fp8_fusion_zf", "FRAGMENT")
-    lib.define("sgl_like(Tensor input, Tensor output_q, Tensor output_s, bool is_static) -> ()")
-    sgl_like = torch.ops.fp8_fusion_zf.sgl_like.default
+    sgl_like = sgl_like_op("fp8_fusion_zf")
     ss.register_scale_writer(sgl_like, "output_s", "accumulates")
     try:
         g = torch.fx.Graph()
