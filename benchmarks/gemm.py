@@ -1,8 +1,12 @@
 """Block-FP8 GEMM paths on one GPU, side by side, and the rows of ``blockscale_mm.TABLE`` that they imply.
 
-    PYTHONPATH=. python benchmarks/gemm.py            # full: ~6 min on one H200
-    PYTHONPATH=. python benchmarks/gemm.py --quick    # 2 shapes, 4 row counts, a small sweep
+    python benchmarks/gemm.py --json gemm.json        # full: estimated 4-6 min on one H200 (cold Triton cache)
+    python benchmarks/gemm.py --quick                 # 2 shapes, 4 row counts, a small sweep
+    python benchmarks/gemm.py --only qwen3-32b        # a subset of the shapes (split a run that is too long)
     python benchmarks/gemm.py --dry-run               # CPU, Triton interpreter, one tiny shape: checks the script
+
+Estimate of the full run (reasoned, not yet timed): ~100 Triton compiles (~1.5 s each), 90 (shape, M) points of
+4 paths plus ~1150 sweep candidates at ~60 ms each (capture + 10 replays).
 
 For the Qwen3-8B / Llama-3.1-8B / Qwen3-32B projection shapes (N x K) and M in ``blockscale_mm.M_BUCKETS``:
 bf16 ``torch.mm``, cuBLAS block-wise (``torch._scaled_mm`` with its layout work), the Triton tiled GEMM, the
@@ -64,10 +68,13 @@ QUICK_SHAPES = [SHAPES[0], SHAPES[9]]
 DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 rounding is ~1e-3
-SWEEP_SMALL_M = [
-    SmallMConfig(block_n, split, warps, stages)
-    for block_n, split, warps, stages in itertools.product((32, 64, 128), (1, 2, 4, 8), (4,), (3, 5))
-] + [SmallMConfig(128, split, 8, 4) for split in (1, 2, 4)]
+# Small-M sweep (19 configs, 5 compiled variants per M class): tile width x split at 4 stages; a deeper pipeline
+# (6 stages: more weight bytes in flight per SM) for the default width; 8 warps for the widest tile.
+SWEEP_SMALL_M = (
+    [SmallMConfig(block_n, split, 4, 4) for block_n, split in itertools.product((32, 64, 128), (1, 2, 4, 8))]
+    + [SmallMConfig(64, split, 4, 6) for split in (1, 2, 4, 8)]
+    + [SmallMConfig(128, split, 8, 4) for split in (1, 2, 4)]
+)
 QUICK_SWEEP_SMALL_M = [SmallMConfig(b, s, 4, 4) for b in (64, 128) for s in (1, 4)]
 SWEEP_TILED = [
     TiledConfig(64, 128, 8, 4, 4),
@@ -153,16 +160,19 @@ def run(shapes, ms, small_sweep, tiled_sweep, bw: float, arch_of_run: arch.Arch)
             (path, cfg), best = _best(cand)
             roof = shape.roofline_us(m, bw)
             cub = cand[("cublas", None)]
-            sm_best = min((v for (p, c), v in cand.items() if p == "small_m" and isinstance(v, float)), default=None)
+            small = {c or default_small_m_config(n, k): v for (p, c), v in cand.items() if p == "small_m"}
+            small = {c: v for c, v in small.items() if isinstance(v, float)}
+            sm_cfg = min(small, key=small.get) if small else None
+            if cfg is None and path != "cublas":  # a kernel default: pin it so a heuristic change cannot move it
+                cfg = default_small_m_config(n, k) if path == "small_m" else default_tiled_config(m, arch_of_run)
             rows.append({
                 "shape": name, "N": n, "K": k, "M": m, "roofline_us": roof, "bf16_us": bf16, "cublas_us": cub,
                 "tiled_us": cand[("tiled", None)], "small_m_default_us": cand.get(("small_m", None)),
-                "small_m_best_us": sm_best, "best_path": path, "best_config": repr(cfg), "best_us": best,
+                "small_m_best_us": small.get(sm_cfg), "small_m_best_config": repr(sm_cfg),
+                "best_path": path, "best_config": repr(cfg), "best_us": best,
                 "best_over_roofline": best / roof,
                 "cublas_over_best": cub / best if isinstance(cub, float) else None,
             })  # fmt: skip
-            if cfg is None and path != "cublas":  # a kernel default: pin it so a heuristic change cannot move it
-                cfg = default_small_m_config(n, k) if path == "small_m" else default_tiled_config(m, arch_of_run)
             note = f"{best:.1f} us = {best / roof:.2f}x roofline; cuBLAS {_fmt(cub)}, bf16 {bf16:.1f} us"
             table_rows.append(table_row(arch_of_run.name, m, n, k, path, cfg, note))
             log(f"  M={m}: best {path} {cfg or ''} {best:.1f} us ({best / roof:.2f}x roofline), cuBLAS {_fmt(cub)}")
@@ -197,7 +207,7 @@ def print_report(rows, table_rows) -> None:
           f"Triton {triton.__version__}, by `python benchmarks/gemm.py`")  # fmt: skip
     print("\n".join(table_rows))
     print("\nBest small-M config per shape and M:")
-    print(tabulate([[r["shape"], r["M"], r["best_config"], r["small_m_best_us"]] for r in small],
+    print(tabulate([[r["shape"], r["M"], r["small_m_best_config"], r["small_m_best_us"]] for r in small],
                    headers=["shape", "M", "best config", "us"], floatfmt=".2f"))  # fmt: skip
 
 
@@ -205,6 +215,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 shapes, M in 1,16,64,2048, a 4-config sweep")
     p.add_argument("--ms", help="comma-separated row counts (default: the table's M buckets)")
+    p.add_argument("--only", help="comma-separated substrings of shape names to run (e.g. qwen3-32b)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
@@ -217,6 +228,8 @@ def main(argv=None) -> int:
     a = arch.arch_of(DEVICE)
     ms = [int(v) for v in args.ms.split(",")] if args.ms else ([1, 16, 64, 2048] if args.quick else list(bm.M_BUCKETS))
     shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.only:
+        shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     if args.dry_run:
         shapes, ms = [("tiny", 128, 256)], [1, 65]
     bw = copy_bandwidth(args.dry_run)
