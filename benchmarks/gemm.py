@@ -160,11 +160,12 @@ def run(shapes, ms, small_sweep, tiled_sweep, bw: float, arch_of_run: arch.Arch)
             (path, cfg), best = _best(cand)
             roof = shape.roofline_us(m, bw)
             cub = cand[("cublas", None)]
-            small = {c or default_small_m_config(n, k): v for (p, c), v in cand.items() if p == "small_m"}
+            small_default = default_small_m_config(n, k, a=arch_of_run)
+            small = {c or small_default: v for (p, c), v in cand.items() if p == "small_m"}
             small = {c: v for c, v in small.items() if isinstance(v, float)}
             sm_cfg = min(small, key=small.get) if small else None
             if cfg is None and path != "cublas":  # a kernel default: pin it so a heuristic change cannot move it
-                cfg = default_small_m_config(n, k) if path == "small_m" else default_tiled_config(m, arch_of_run)
+                cfg = small_default if path == "small_m" else default_tiled_config(m, arch_of_run)
             rows.append({
                 "shape": name, "N": n, "K": k, "M": m, "roofline_us": roof, "bf16_us": bf16, "cublas_us": cub,
                 "tiled_us": cand[("tiled", None)], "small_m_default_us": cand.get(("small_m", None)),
