@@ -3,7 +3,8 @@
 Numerics (``reference.blockscale_mm``, ``kernels.md`` §0.1): fp32 accumulation with *per-K-tile promotion*,
 ``acc += dot(a_tile, b_tile) * a_scale[:, None] * b_scale[None, :]``, where one K tile lies inside one
 activation group and one 128x128 weight block. That is the DeepGEMM / sglang recipe; on Hopper it also
-bounds the error of the FP8 tensor-core accumulator (about 14 mantissa bits) to one 128-long sum.
+bounds the error of the FP8 tensor-core accumulator (about 14 mantissa bits; Triton's sm90 default is
+``max_num_imprecise_acc = 2**30``, i.e. no promotion inside a ``tl.dot``) to one 128-long sum.
 
 Scale layouts are passed as strides, so any layout works without a copy:
 - ``x_scale [M, K/group]`` (row-major from ``group_quant``, or outer-dim-major as cuBLAS wants);
@@ -212,17 +213,13 @@ def promotion_block(group_k: int) -> int:
     return math.gcd(group_k, SCALE_BLOCK)
 
 
-def triton_block_scales_ok(k: int, group_k: int) -> bool:
-    return promotion_block(group_k) >= MIN_BLOCK_K and k % group_k == 0
-
-
 def _sm_major(a: _arch.Arch) -> int:
     return int(a.name[2:-1]) if a.platform == "cuda" and a.name.startswith("sm") else 0
 
 
 def default_tiled_config(m: int, a: _arch.Arch) -> TiledConfig:
     """Chosen by reasoning until measured (``benchmarks/gemm.py``): a 128x128 fp8 tile pair is 32 KB of shared
-    memory per stage; Hopper has 227 KB (3 stages), Ada about 100 KB and ROCm Triton pipelines 2 stages."""
+    memory per stage; Hopper (and sm100) has 227 KB (3 stages), Ada about 100 KB and ROCm Triton pipelines 2."""
     hopper = _sm_major(a) >= 9
     stages = 3 if hopper else 2
     if m <= 16:
