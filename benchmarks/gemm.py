@@ -5,8 +5,8 @@
     python benchmarks/gemm.py --only qwen3-32b        # a subset of the shapes (split a run that is too long)
     python benchmarks/gemm.py --dry-run               # CPU, Triton interpreter, one tiny shape: checks the script
 
-Estimate of the full run (reasoned, not yet timed): ~100 Triton compiles (~1.5 s each), 90 (shape, M) points of
-4 paths plus ~1150 sweep candidates at ~60 ms each (capture + 10 replays).
+Estimate of the full run (reasoned, not yet timed): ~110 Triton compiles (~1.5 s each), 90 (shape, M) points of
+4 paths plus ~1300 sweep candidates at ~60 ms each (capture + 10 replays).
 
 For the Qwen3-8B / Llama-3.1-8B / Qwen3-32B projection shapes (N x K) and M in ``blockscale_mm.M_BUCKETS``:
 bf16 ``torch.mm``, cuBLAS block-wise (``torch._scaled_mm`` with its layout work), the Triton tiled GEMM, the
@@ -68,12 +68,15 @@ QUICK_SHAPES = [SHAPES[0], SHAPES[9]]
 DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 rounding is ~1e-3
-# Small-M sweep (19 configs, 5 compiled variants per M class): tile width x split at 4 stages; a deeper pipeline
-# (6 stages: more weight bytes in flight per SM) for the default width; 8 warps for the widest tile.
+# Small-M sweep (22 configs, 6 compiled variants per M class): tile width x split at 4 stages; a deeper pipeline
+# (6 stages: more weight bytes in flight per SM) for the default width; 8 warps for the widest tile; and
+# 16-wide tiles, which reach 256 programs at N=4096 without a split (no reduce kernel) but carry only 2 KB
+# per stage.
 SWEEP_SMALL_M = (
     [SmallMConfig(block_n, split, 4, 4) for block_n, split in itertools.product((32, 64, 128), (1, 2, 4, 8))]
     + [SmallMConfig(64, split, 4, 6) for split in (1, 2, 4, 8)]
     + [SmallMConfig(128, split, 8, 4) for split in (1, 2, 4)]
+    + [SmallMConfig(16, split, 4, 6) for split in (1, 2, 4)]
 )
 QUICK_SWEEP_SMALL_M = [SmallMConfig(b, s, 4, 4) for b in (64, 128) for s in (1, 4)]
 SWEEP_TILED = [

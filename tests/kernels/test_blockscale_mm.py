@@ -62,7 +62,13 @@ def test_ceil_blocks_and_group_64(path, m, n, k, group):
 
 @pytest.mark.parametrize(
     "config",
-    [SmallMConfig(32, 1, 4, 2), SmallMConfig(64, 3, 4, 2), SmallMConfig(128, 8, 4, 2), SmallMConfig(64, 64, 4, 2)],
+    [
+        SmallMConfig(16, 2, 4, 2),
+        SmallMConfig(32, 1, 4, 2),
+        SmallMConfig(64, 3, 4, 2),
+        SmallMConfig(128, 8, 4, 2),
+        SmallMConfig(64, 64, 4, 2),
+    ],
 )
 def test_small_m_split_k_variants(config):
     # K/128 = 5 tiles: split 3 -> 2+2+1 tiles, split 8 and 64 are clamped to 5 programs of one tile each.
