@@ -13,9 +13,9 @@ subnormals below the grid flush), NaN -> 384 / 192 (NaN is lost). So when ``EMUL
 from ``arch.triton_interpreting()``) the helper never asks Triton to convert a value: it rounds to the e4m3 grid in
 fp32 arithmetic (exponent from the bits, step = 2^(max(e, E_MIN) - 3), magic-number RTNE) and assembles the fp8
 byte itself, then bitcasts. On a GPU the flag is False and the hardware cast (``cvt.rn.satfinite``) runs.
-The interpreter's fp32 -> bf16 cast truncates (48% of 1024 random values differ from torch's RTNE; fp16 is
-right), so every rounding to the activation dtype goes through ``round_to``, which rounds bf16 in integer
-arithmetic under the same flag.
+The interpreter's bf16 conversions are wrong too (fp16 is right): fp32 -> bf16 truncates (48% of 1024 random
+values differ from torch's RTNE) and both directions mangle subnormals (1e-39 -> 4.4e-39). So every bf16
+conversion goes through ``round_to`` / ``to_fp32``, which move the bits with integer shifts under the same flag.
 """
 
 from __future__ import annotations
@@ -69,8 +69,16 @@ def round_to(v, dtype: tl.constexpr, EMULATE_CAST: tl.constexpr):
         bits = v.to(tl.int32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # RTNE on the top 16 bits; inf stays inf
         rounded = tl.where(v != v, bits, rounded)  # noqa: PLR0124 - NaN: adding could carry into the sign
-        return rounded.to(tl.float32, bitcast=True).to(dtype)  # exact now, so the truncating cast is harmless
+        return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     return v.to(dtype)
+
+
+@triton.jit
+def to_fp32(v, EMULATE_CAST: tl.constexpr):
+    """``v`` (bf16 / fp16 / fp32) widened to fp32, exactly (bf16: its 16 bits on top of an fp32)."""
+    if EMULATE_CAST and v.dtype == tl.bfloat16:
+        return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return v.to(tl.float32)
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ... import arch
-from ._fp8 import AMAX_FLOOR, amax_nan, cast_fp8, fp8_constexprs, max_nan
+from ._fp8 import AMAX_FLOOR, amax_nan, cast_fp8, fp8_constexprs, max_nan, to_fp32
 
 BLOCK = 4096  # elements per program step: 8 KB of bf16, 16 values / thread at 8 warps (see _tiles.py)
 NUM_WARPS = 8
@@ -41,14 +41,14 @@ def _amax_kernel(x_ptr, partial_ptr, N, ITERS, BLOCK: tl.constexpr, EMULATE_CAST
     for i in range(ITERS):
         offs = (pid + i * tl.num_programs(0)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < N, other=0.0, eviction_policy="evict_last")  # re-read by pass 2
-        acc = max_nan(acc, tl.abs(x.to(tl.float32)))
+        acc = max_nan(acc, tl.abs(to_fp32(x, EMULATE_CAST)))
     tl.store(partial_ptr + pid, amax_nan(acc, 0, EMULATE_CAST))
 
 
 @triton.jit
 def _quant_tile(x_ptr, out_ptr, offs, N, scale, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
                 FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):
-    x = tl.load(x_ptr + offs, mask=offs < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    x = to_fp32(tl.load(x_ptr + offs, mask=offs < N, other=0.0, eviction_policy="evict_first"), EMULATE_CAST)
     q = cast_fp8(tl.math.div_rn(x, scale), out_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
     tl.store(out_ptr + offs, q, mask=offs < N)
 
@@ -68,7 +68,7 @@ def _per_tensor_quant_kernel(
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, N, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            acc = max_nan(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)))
+            acc = max_nan(acc, tl.abs(to_fp32(tl.load(x_ptr + offs, mask=offs < N, other=0.0), EMULATE_CAST)))
         amax = amax_nan(acc, 0, EMULATE_CAST)
     else:
         parts = tl.load(partial_ptr + tl.arange(0, P_BLOCK), mask=tl.arange(0, P_BLOCK) < P, other=0.0)

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ... import arch
 from . import _tiles
-from ._fp8 import fp8_constexprs, group_quant_tile
+from ._fp8 import fp8_constexprs, group_quant_tile, to_fp32
 
 # Triton code below keeps its arguments grouped by role (one comment per group), so the formatter is off.
 # fmt: off
@@ -46,7 +46,7 @@ def _group_quant_kernel(
     cols = (g0 + tl.arange(0, GPC))[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GPC, G]
     mask = row_ok[:, None, None] & (cols < K)
     x = tl.load(x_ptr + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-    store_group_quant(x.to(tl.float32), q_ptr, s_ptr, rows, row_ok, cols, mask, g0, K, G, GPC,
+    store_group_quant(to_fp32(x, EMULATE_CAST), q_ptr, s_ptr, rows, row_ok, cols, mask, g0, K, G, GPC,
                       FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
 
 

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ... import arch
 from . import _tiles
-from ._fp8 import fp8_constexprs, group_quant_tile, round_to
+from ._fp8 import fp8_constexprs, group_quant_tile, round_to, to_fp32
 
 COLUMN_BLOCK = 128  # G of the unquantized norms: the same tiles as the fused norm at group size 128
 
@@ -39,10 +39,10 @@ def _load_chunk(x_ptr, r_ptr, res_out_ptr, rows, row_ok, g0, K, stride_x, stride
     xs = tl.load(x_ptr + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0, eviction_policy=EVICT)
     if HAS_RESIDUAL:
         rs = tl.load(r_ptr + rows[:, None, None] * stride_r + cols, mask=mask, other=0.0, eviction_policy=EVICT)
-        xs = round_to(xs.to(tl.float32) + rs.to(tl.float32), x_ptr.dtype.element_ty, EMULATE_CAST)  # HF: x.dtype
-        if STORE_RESIDUAL:
+        xs = round_to(to_fp32(xs, EMULATE_CAST) + to_fp32(rs, EMULATE_CAST), x_ptr.dtype.element_ty, EMULATE_CAST)
+        if STORE_RESIDUAL:  # HF: residual + x in x.dtype
             tl.store(res_out_ptr + rows[:, None, None] * K + cols, xs, mask=mask)
-    return xs.to(tl.float32), mask, cols
+    return to_fp32(xs, EMULATE_CAST), mask, cols
 
 
 @triton.jit
@@ -51,15 +51,16 @@ def _normalize_store(xf, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, 
                      FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):
     w = tl.load(w_ptr + cols, mask=cols < K, other=0.0)  # [1, GPC, G], L2-resident (every program reads it)
     normed = round_to(xf * rstd[:, None, None], x_ptr.dtype.element_ty, EMULATE_CAST)  # HF: .to(input_dtype)
-    y = round_to(w.to(tl.float32) * normed.to(tl.float32), PROD_DTYPE, EMULATE_CAST)  # HF: weight * normed
+    y = round_to(to_fp32(w, EMULATE_CAST) * to_fp32(normed, EMULATE_CAST), PROD_DTYPE, EMULATE_CAST)  # w * normed
     if QUANT:
-        q, scale = group_quant_tile(y.to(tl.float32), q_ptr.dtype.element_ty,
+        q, scale = group_quant_tile(to_fp32(y, EMULATE_CAST), q_ptr.dtype.element_ty,
                                     FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
         tl.store(q_ptr + rows[:, None, None] * K + cols, q, mask=mask)
         groups = g0 + tl.arange(0, GPC)
         tl.store(s_ptr + rows[:, None] * NG + groups[None, :], scale, mask=row_ok[:, None] & (groups < NG)[None, :])
     else:
-        tl.store(y_ptr + rows[:, None, None] * K + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + rows[:, None, None] * K + cols, round_to(to_fp32(y, EMULATE_CAST), y_ptr.dtype.element_ty,
+                                                                  EMULATE_CAST), mask=mask)
 
 
 @triton.jit
@@ -74,7 +75,7 @@ def _rms_norm_kernel(
     y_ptr, res_out_ptr,  # y (unquantized variants), residual_out (add variants): contiguous [M, K]
     q_ptr, s_ptr,  # q: contiguous fp8 [M, K]; scale: contiguous fp32 [M, cdiv(K, G)] (fused variants)
     M, K, stride_x, stride_r,
-    eps,  # pinned to fp32 below: Inductor passes Python floats as fp64 scalars (2x slower, STYLE.md)
+    eps,  # pinned to fp32 below (STYLE.md: Inductor-generated calls pass fp64 scalars; Python floats are fp32)
     G: tl.constexpr,  # quant group (fused) or column block (unfused): the last tile axis
     GPC: tl.constexpr,  # groups per step; ONE_PASS: the whole row (a power of two >= cdiv(K, G))
     BLOCK_M: tl.constexpr,  # rows per program; grid (cdiv(M, BLOCK_M),)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ... import arch
 from . import _tiles
-from ._fp8 import fp8_constexprs, round_to
+from ._fp8 import fp8_constexprs, round_to, to_fp32
 from .group_quant import store_group_quant
 
 COLUMN_BLOCK = 128  # G of the unquantized op: I need not be a multiple of it (columns are masked)
@@ -42,12 +42,12 @@ def _silu_and_mul_kernel(
     cols = (g0 + tl.arange(0, GPC))[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GPC, G]
     mask = row_ok[:, None, None] & (cols < I)
     gate_ptrs = x_ptr + rows[:, None, None] * stride_x + cols
-    gate = tl.load(gate_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    up = tl.load(gate_ptrs + I, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    gate = to_fp32(tl.load(gate_ptrs, mask=mask, other=0.0, eviction_policy="evict_first"), EMULATE_CAST)
+    up = to_fp32(tl.load(gate_ptrs + I, mask=mask, other=0.0, eviction_policy="evict_first"), EMULATE_CAST)
     act = round_to(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), x_ptr.dtype.element_ty, EMULATE_CAST)  # F.silu
-    y = round_to(act.to(tl.float32) * up, x_ptr.dtype.element_ty, EMULATE_CAST)  # act * up, in x.dtype
+    y = round_to(to_fp32(act, EMULATE_CAST) * up, x_ptr.dtype.element_ty, EMULATE_CAST)  # act * up, in x.dtype
     if QUANT:
-        store_group_quant(y.to(tl.float32), q_ptr, s_ptr, rows, row_ok, cols, mask, g0, I, G, GPC,
+        store_group_quant(to_fp32(y, EMULATE_CAST), q_ptr, s_ptr, rows, row_ok, cols, mask, g0, I, G, GPC,
                           FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
     else:
         tl.store(y_ptr + rows[:, None, None] * I + cols, y, mask=mask)
