@@ -274,8 +274,9 @@ SITES = ("ours", "accumulating", "unregistered", "second_reader")
 class QuantSites(nn.Module):
     """One per-tensor quantized linear per site, each with its own ``torch.zeros(1)`` scale buffer."""
 
-    def __init__(self, k: int = 128, n: int = 64):
+    def __init__(self, k: int = 128, n: int = 64, sites: tuple[str, ...] = SITES):
         super().__init__()
+        self.sites = sites
         w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
         w_q, w_s = ref.per_tensor_quant(w, FP8, arch.fp8_max(CPU))
         self.register_buffer("w_q", w_q)
@@ -283,7 +284,7 @@ class QuantSites(nn.Module):
 
     def forward(self, x):
         ys = []
-        for site in SITES:
+        for site in self.sites:
             scale = torch.zeros(1, device=x.device, dtype=torch.float32)
             extra = scale + x.float().amax() if site == "second_reader" else None  # reads the zeros
             out = torch.empty(x.shape, dtype=FP8, device=x.device)
@@ -343,6 +344,33 @@ def test_tag_out_op_leaves_no_fill_to_strip():
     y, p = _compile(f, (x,), strip=True)
     assert (p.fills_before, p.stripped) == (0, 0) and not p.report.fills_kept
     assert torch.equal(y, f(x))
+
+
+def _kernels_per_call(fn, iters: int = 5) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA) / iters
+
+
+@pytest.mark.gpu
+def test_gpu_one_kernel_launch_fewer_per_stripped_fill():
+    # On CUDA each zero fill is its own kernel (Inductor cannot fuse a fill into an extern op's input).
+    model = QuantSites(k=4096, n=4096, sites=("ours",) * 3).cuda()
+    x = torch.randn(16, 4096, device="cuda").bfloat16()
+    launches, outs = {}, {}
+    for strip in (False, True):
+        torch._dynamo.reset()
+        p = ZeroFillOnly(strip)
+        fn = torch.compile(model, options={"post_grad_custom_post_pass": p, "fx_graph_cache": False})
+        outs[strip] = fn(x)
+        launches[strip] = _kernels_per_call(lambda: fn(x))
+    assert p.stripped == 3
+    assert launches[False] - launches[True] == 3, launches
+    assert torch.equal(outs[False], outs[True])
 
 
 # ---------------------------------------------------------------- end to end: per-tensor tiny Qwen3 / Llama
