@@ -158,6 +158,8 @@ def _uses(fill: Node, user: Node) -> list[Use]:
     if user.op == "output":
         return [Use("graph output", "fill_graph_output")]
     if user.op == "call_function" and user.target in _AUTO_FUNC:
+        if not isinstance(user.args[0], torch._ops.OpOverload):  # v2 can also wrap a higher-order op
+            return [Use(f"{_name(user.args[0])} (no schema)", "fill_unregistered_op", slot=True)]
         if "_all_bases" in user.kwargs:
             return _uses_v2(fill, user)
         return _uses_named(fill, user.args[0], user.kwargs)
@@ -217,7 +219,11 @@ def run(graph: Graph, report: FusionReport, config: FusionConfig) -> int:
         kind = _zero_fill(fill)
         if kind is None:
             continue
-        uses = [u for user in fill.users for u in _uses(fill, user)]
+        try:
+            uses = [u for user in fill.users for u in _uses(fill, user)]
+        except Exception as e:  # noqa: BLE001 - an unexpected graph form keeps its fill; the rest still run
+            report.error(NAME, fill.name, f"deciding about this fill raised {type(e).__name__}: {e}")
+            continue
         if not any(u.slot for u in uses):
             continue  # not a scale buffer (a mask, an accumulator): no decision to report
         kept = sorted((u for u in uses if u.reason), key=lambda u: _PRIORITY[u.reason])

@@ -232,6 +232,32 @@ def test_registry_entry_that_does_not_fit_the_schema_keeps():
         ss.unregister_scale_writer("fp8_fusion_zf2::q", "scale")
 
 
+def test_v2_around_a_non_op_keeps():
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output(_v2(g, x, _fill(g), op=torch.add))  # v2 can wrap higher-order ops: no schema to consult
+    assert _kept(_run(g)[1]) == ["fill_unregistered_op"]
+
+
+def test_an_error_keeps_that_fill_and_is_reported(monkeypatch):
+    calls = []
+
+    def flaky(fill, user):
+        calls.append(fill)
+        if len(calls) == 1:
+            raise RuntimeError("unexpected graph form")
+        return real(fill, user)
+
+    real = zero_fill._uses
+    monkeypatch.setattr(zero_fill, "_uses", flaky)
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output((_v2(g, x, _fill(g)), _v2(g, x, _fill(g))))
+    n, report = _run(g)
+    assert n == 1 and _fulls(g) == 1
+    assert [e.detail for e in report.errors] == ["deciding about this fill raised RuntimeError: unexpected graph form"]
+
+
 def test_reason_table_is_what_the_report_uses():
     assert set(zero_fill.FILL_REASONS) == {"fill_graph_output", "fill_other_reader", "fill_aliased",
                                            "fill_registry_invalid", "fill_accumulating_op", "fill_unregistered_op"}
