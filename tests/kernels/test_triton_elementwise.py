@@ -16,6 +16,7 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+import tolerances
 import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -30,7 +31,6 @@ from fp8_fusion_pass.kernels.triton import group_quant as gq_mod
 from fp8_fusion_pass.kernels.triton import rms_norm as norm_mod
 from fp8_fusion_pass.kernels.triton import silu_and_mul as silu_mod
 from fp8_fusion_pass.kernels.triton.dynamic_per_tensor_quant import SINGLE_PROGRAM_MAX
-from tests import tolerances
 
 # ---------------------------------------------------------------- tolerance table: every bound asserted below
 # Fused vs unfused norm (DESIGN.md numerics contract): at most one fp8 step, on at most 5% of values (the seed PR's
