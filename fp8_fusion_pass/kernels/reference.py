@@ -72,11 +72,14 @@ def dequant_activation(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32) * scale.repeat_interleave(group, dim=-1)
 
 
+WEIGHT_BLOCK = 128  # checkpoint weight blocks are 128 x 128; w_scale is [ceil(N/128), ceil(K/128)]
+
+
 def dequant_weight(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """fp32 values of a block-quantized weight; blocks are ceil-divided, so N, K need not be block multiples."""
+    """fp32 values of a 128x128 block-quantized weight; the last block row/column may be partial (N, K need
+    not be multiples of 128). The block is fixed, not inferred from the shapes: ceil(N / rows) is wrong for N=200."""
     n, k = w_q.shape
-    bn, bk = -(-n // w_scale.shape[0]), -(-k // w_scale.shape[1])
-    full = w_scale.repeat_interleave(bn, dim=0).repeat_interleave(bk, dim=1)[:n, :k]
+    full = w_scale.repeat_interleave(WEIGHT_BLOCK, dim=0).repeat_interleave(WEIGHT_BLOCK, dim=1)[:n, :k]
     return w_q.to(torch.float32) * full
 
 
