@@ -25,6 +25,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _timing import copy_bandwidth  # noqa: E402
 
 from fp8_fusion_pass import report  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
@@ -34,24 +37,6 @@ from fp8_fusion_pass.models import build_model  # noqa: E402
 
 def log(msg: str) -> None:
     print(f"[decode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a large device-to-device copy (read + write counted)."""
-    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    bw = 2 * a.numel() * 10 / (start.elapsed_time(end) / 1e3)
-    del a, b
-    return bw
 
 
 def compile_step(fn, with_pass: bool):
