@@ -1,0 +1,267 @@
+"""FP8FusionPass: the Inductor ``post_grad_custom_post_pass`` that runs the table in ``patterns/__init__.py``.
+
+Per call (one compiled graph): a fresh report; training graphs are left alone (with a note); duplicate quants
+collapse; the norm / silu fusions run as ``PatternMatcherPass`` entries anchored at ``group_quant``, each match
+judged by the guards and recorded (applied or rejected, with a reason); every norm / silu / quant still in the
+graph then gets its "why not"; the zero-fill rewrite runs last. One INFO line per compile on the
+``fp8_fusion_pass`` logger. A guard or replacement that raises leaves its match unrewritten, warns once per
+kind of failure, and is recorded as an error: the compile itself never fails because of the pass.
+
+Patterns are traced once per process, lazily (the first compile that runs the pass), under a lock; only the
+cheap ``PatternMatcherPass`` wiring is rebuilt per call, bound to that call's report and config.
+
+``uuid()`` hashes this package's pass / pattern / guard sources, ``config.fingerprint()`` (environment override
+included), the deterministic-mode flag, an explicit kernel backend choice and the torch version, so Inductor's
+FX graph cache never serves a graph compiled under other code or another config. A cache hit skips the pass,
+so it adds no report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import logging
+import pathlib
+import sys
+import threading
+import warnings
+from typing import Iterator
+
+import torch
+from torch._inductor import custom_graph_pass
+from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_graph_pattern
+from torch.fx import Graph, Node
+
+from . import guards, report
+from .config import FusionConfig
+from .patterns import FUSIONS, Fusion, _candidates, _graph, _site, dedup_quant
+
+log = logging.getLogger("fp8_fusion_pass")
+
+PACKAGE = pathlib.Path(__file__).resolve().parent
+# Sources whose change must change uuid(): the pass, its guards, the patterns, the op schemas and the small-M table.
+HASHED = ("fusion_pass.py", "guards.py", "config.py", "patterns/*.py", "kernels/ops.py", "kernels/small_m.py")
+
+# CustomInferenceAwareGraphPass (torch 2.12+) is told whether the graph is an inference graph; on 2.11 we ask
+# the caller's frame (see _is_inference).
+_Base = getattr(custom_graph_pass, "CustomInferenceAwareGraphPass", custom_graph_pass.CustomGraphPass)
+
+_LOCK = threading.Lock()
+_TRACED: list | None = None  # [(fusion, module, form, producer pattern)], built once per process
+_WARNED: set = set()
+_FAULTS: dict = {}  # test hook: {(stage, fusion name): exception factory}
+
+
+def hashed_files() -> list[pathlib.Path]:
+    files: list[pathlib.Path] = []
+    for pattern in HASHED:
+        files.extend(sorted(PACKAGE.glob(pattern)))
+    return files
+
+
+class FP8FusionPass(_Base):
+    """``torch.compile(model, options={"post_grad_custom_post_pass": FP8FusionPass()})``, or through
+    ``fp8_fusion_pass.backend()``. ``config`` picks the rewrites (default: all, honouring FP8_FUSION_DISABLE)."""
+
+    def __init__(self, config: FusionConfig | None = None) -> None:
+        self.config = config or FusionConfig()
+
+    def __call__(self, graph: Graph, is_inference: bool | None = None) -> None:
+        _Run(graph, self.config, _is_inference(graph) if is_inference is None else is_inference).run()
+
+    def uuid(self) -> str:
+        h = hashlib.sha256()
+        for path in hashed_files():
+            h.update(str(path.relative_to(PACKAGE)).encode())
+            h.update(path.read_bytes())
+        from .kernels import backends
+
+        extra = (_fingerprint(self.config), torch.__version__, torch.are_deterministic_algorithms_enabled(),
+                 backends.explicit_choice())
+        h.update(repr(extra).encode())
+        return h.hexdigest()
+
+    def __repr__(self) -> str:
+        return f"FP8FusionPass({self.config})"
+
+
+def _fingerprint(config: FusionConfig) -> str:
+    try:
+        return config.fingerprint()
+    except ValueError as e:  # a malformed FP8_FUSION_DISABLE: _Run turns everything off and says so
+        return f"{config!r}|bad-env={e}"
+
+
+def _is_inference(graph: Graph) -> bool:
+    """torch 2.11 does not pass ``is_inference``: read it from ``post_grad_passes(gm, is_inference)``, our caller
+    in every torch since 2.1; failing that, a graph with tangent inputs is a backward graph."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "post_grad_passes" and "is_inference" in frame.f_locals:
+            return bool(frame.f_locals["is_inference"])
+        frame = frame.f_back
+    return not any(n.op == "placeholder" and n.name.startswith("tangents") for n in graph.nodes)
+
+
+def _traced() -> list:
+    """Trace every form's producer once per process (thread-safe)."""
+    global _TRACED
+    with _LOCK:
+        if _TRACED is None:
+            traced = []
+            for fusion in FUSIONS:
+                module = importlib.import_module(f"{__package__}.patterns.{fusion.module}")
+                for form in getattr(module, "FORMS", {}).get(fusion.name, ()):
+                    traced.extend((fusion, module, form, p) for p in form.patterns())
+            _TRACED = traced
+    return _TRACED
+
+
+@contextlib.contextmanager
+def inject_failure(stage: str, fusion: str, exc: type[Exception] = RuntimeError) -> Iterator[None]:
+    """Test hook: make the ``stage`` ("guard" or "replacement") of ``fusion`` raise ``exc`` while active."""
+    if stage not in ("guard", "replacement"):
+        raise ValueError(f"stage must be 'guard' or 'replacement', got {stage!r}")
+    _FAULTS[(stage, fusion)] = exc
+    try:
+        yield
+    finally:
+        _FAULTS.pop((stage, fusion), None)
+
+
+def _maybe_fail(stage: str, fusion: str) -> None:
+    exc = _FAULTS.get((stage, fusion))
+    if exc is not None:
+        raise exc(f"injected {stage} failure in {fusion}")
+
+
+class _Run:
+    """One invocation of the pass on one graph."""
+
+    def __init__(self, graph: Graph, config: FusionConfig, inference: bool) -> None:
+        self.graph, self.config = graph, config
+        self.report = report.new_report(_fingerprint(config), inference)
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.decided: set = set()  # anchors (quants) a guard already ruled on
+        self.explained: set = set()  # nodes whose candidates have a decision
+        try:
+            self.env_disabled = config.env_disabled()
+        except ValueError as e:
+            self.env_disabled = frozenset(f.switch for f in FUSIONS)
+            self.report.notes.append(f"{e}: every fusion is off until the variable is fixed")
+
+    def run(self) -> None:
+        if not self.report.inference:
+            self.report.notes.append("not an inference graph (it needs gradients): left alone")
+        else:
+            self._dedup()
+            self._fuse()
+            _candidates.explain(self.graph, self.explained, self._record)
+            self._zero_fill()
+            self.graph.lint()
+        log.info(self.report.summary_line())
+
+    # ------------------------------------------------------------ stages
+    def _dedup(self) -> None:
+        fusion = next(f for f in FUSIONS if f.name == "dedup_quant")
+        if not guards.can_run_fusion(fusion.switch, True, self.config, self.env_disabled, self.deterministic).ok:
+            return  # the norms then report multiple_quants
+        pm = PatternMatcherPass(pass_name="fp8_fusion_dedup")
+        for pattern in dedup_quant.anchors():
+            register_graph_pattern(pattern, pass_dict=pm)(functools.partial(self._dedup_one, fusion))
+        pm.apply(self.graph)
+
+    def _dedup_one(self, fusion: Fusion, match: Match, *args, **kwargs) -> None:
+        quant = match.output_node()
+        try:
+            keep = dedup_quant.twin(quant)
+            if keep is None:
+                return
+            detail = dedup_quant.describe(match, keep)
+            shapes, dtype = _graph.shape_str(x=quant.args[0]), _graph.dtype_str(quant.args[0])
+            _maybe_fail("replacement", fusion.name)
+            dedup_quant.rewrite(self.graph, quant, keep)
+        except Exception as e:  # noqa: BLE001 - failure isolation: leave the quant, record, go on
+            self._fail(fusion, quant, "replacement", e)
+            return
+        self.report.apply(fusion.name, quant.name, shapes, dtype, detail)
+
+    def _fuse(self) -> None:
+        pm = PatternMatcherPass(pass_name="fp8_fusion")
+        for fusion, module, form, producer in _traced():
+            for anchor in _site.anchors(producer):
+                register_graph_pattern(
+                    anchor, extra_check=functools.partial(self._accepts, fusion, module, form), pass_dict=pm
+                )(functools.partial(self._fuse_one, fusion, module, form))
+        pm.apply(self.graph)
+
+    def _zero_fill(self) -> None:
+        fusion = next(f for f in FUSIONS if f.name == "zero_fill")
+        if not self.config.zero_fill or fusion.switch in self.env_disabled:
+            return
+        try:
+            try:
+                from .patterns import zero_fill
+            except ImportError as e:
+                raise ImportError("fp8_fusion_pass.patterns.zero_fill (the zero-fill rewrite) is missing from "
+                                  "this install; reinstall fp8-fusion-pass or use FusionConfig(zero_fill=False)"
+                                  ) from e
+            zero_fill.run(self.graph, self.report, self.config)
+        except Exception as e:  # noqa: BLE001 - failure isolation
+            self._fail(fusion, None, "replacement", e)
+
+    # ------------------------------------------------------------ one match
+    def _accepts(self, fusion: Fusion, module, form, match: Match) -> bool:
+        quant = match.output_node()
+        if quant in self.decided:
+            return False
+        try:
+            return bool(module.accepts(match, fusion.name, form.name))
+        except Exception:  # noqa: BLE001 - a structural check that cannot decide says no
+            return False
+
+    def _fuse_one(self, fusion: Fusion, module, form, match: Match, *args, **kwargs) -> None:
+        quant = match.output_node()
+        self.decided.add(quant)
+        try:
+            site = module.site(match, fusion.name, form.name)
+            _maybe_fail("guard", fusion.name)
+            verdict = _site.check(site, self.config, self.env_disabled, self.deterministic)
+        except Exception as e:  # noqa: BLE001
+            self._fail(fusion, quant, "guard", e, match)
+            return
+        if not verdict.ok:
+            self.explained.update(match.nodes)
+            self.explained.add(site.producer)
+            self.report.reject(fusion.name, site.producer.name, verdict.reason, verdict.detail, site.shapes(),
+                               _graph.dtype_str(site.activation()))
+            return
+        shapes, dtype = site.shapes(), _graph.dtype_str(site.activation())
+        gemms = len(_graph.gemm_shapes(site.quant))
+        try:
+            _maybe_fail("replacement", fusion.name)
+            fused = _site.rewrite(self.graph, site)
+        except Exception as e:  # noqa: BLE001
+            self._fail(fusion, quant, "replacement", e, match)
+            return
+        self.report.apply(fusion.name, fused.name, shapes, dtype,
+                          f"{site.form} form, group {site.group_size}, feeds {gemms} GEMM(s)")
+
+    # ------------------------------------------------------------ recording
+    def _record(self, reason: str, node: Node, pattern: str, detail: str, x: Node) -> None:
+        self.report.reject(pattern, node.name, reason, detail, _graph.shape_str(x=x), _graph.dtype_str(x))
+
+    def _fail(self, fusion: Fusion, node: Node | None, stage: str, e: Exception, match: Match | None = None) -> None:
+        name = node.name if node is not None else "(graph)"
+        self.report.error(fusion.name, name, f"{stage} raised {type(e).__name__}: {e}")
+        if match is not None:
+            self.explained.update(match.nodes)
+        if node is not None:
+            self.explained.add(node)
+        key = (fusion.name, stage, type(e).__name__)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(f"fp8_fusion_pass: {fusion.name} {stage} raised {type(e).__name__}: {e}; that match is "
+                          "left unfused (further failures of this kind are only in the report)", stacklevel=2)

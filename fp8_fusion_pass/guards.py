@@ -1,0 +1,203 @@
+"""Guards: pure predicates over FakeTensor metadata (``node.meta["val"]``) that decide whether a match is fused.
+
+``can_*`` says whether the fused graph would be legal, ``should_*`` whether it would be faster. Each returns a
+``Verdict(ok, reason, detail)``; ``reason`` is a key of ``REASONS`` (the one table of rejection codes, each
+explained, with what to change, in ``docs/guards.md``) and ``detail`` a sentence with the numbers. A guard never
+raises and never asserts; the pass still wraps every call, and a guard that raises anyway is recorded as an
+error and the match is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, NamedTuple
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from . import arch as _arch
+from .config import ENV_DISABLE, FusionConfig
+
+# code -> one-line meaning. Every reason the pass records comes from here (docs/guards.md has one section each).
+REASONS = {
+    # legality: dtype, device, shape
+    "dtype_not_bf16": "the activation is not bfloat16; the fused kernels take bf16 only",
+    "weight_dtype_mismatch": "the RMSNorm weight's dtype differs from the activation's",
+    "no_fused_kernel": "no fused kernel runs on this device / arch (or a requested backend is unavailable)",
+    "group_size_not_configured": "the quant's group size is not in FusionConfig.group_sizes",
+    "k_not_multiple_of_group": "the quantized last dim K is not a multiple of the group size",
+    "k_dynamic": "the quantized last dim K is symbolic; the fused kernels need it static",
+    "last_dim_not_contiguous": "an input is not contiguous in its last dim",
+    "reshape_changes_last_dim": "a reshape between the producer and the quant changes the last dim",
+    # legality: graph structure
+    "consumer_not_blockscale_mm": "a quant output feeds something other than fp8_fusion.blockscale_mm",
+    "extra_consumer": "the norm / silu output also feeds a non-quant consumer (e.g. a bf16 GEMM)",
+    "multiple_quants": "the norm / silu output feeds several group_quants that were not collapsed into one",
+    "no_quant_consumer": "the norm / silu output feeds no group_quant (e.g. the final norm -> bf16 lm_head)",
+    "producer_not_fusable": "the group_quant's input is not a norm or silu-mul output (e.g. attention -> o_proj)",
+    "eps_graph_input": "eps became a runtime graph input (dynamic=True lifts Python floats); the fused op needs it",
+    "unrecognized_spelling": "looks like a norm / silu but its graph spelling matches no registered pattern",
+    # profit
+    "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
+    # runtime gates
+    "disabled_by_config": "the fusion is switched off in FusionConfig",
+    "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",
+    "deterministic_mode": "torch.use_deterministic_algorithms(True) keeps non-bit-exact (norm) fusions off",
+    # whole graph / failures
+    "not_inference": "the graph needs gradients (training); the pass leaves training graphs alone",
+    "replacement_failed": "a guard or replacement raised; that match was left unrewritten",
+}
+
+
+class Verdict(NamedTuple):
+    ok: bool
+    reason: str = ""  # a REASONS key when not ok
+    detail: str = ""
+
+
+OK = Verdict(True)
+
+
+def reject(reason: str, detail: str = "") -> Verdict:
+    if reason not in REASONS:  # a programming error, caught by tests; never reaches users as an exception
+        detail = f"(unknown reason code {reason!r}) {detail}"
+        reason = "replacement_failed"
+    return Verdict(False, reason, detail)
+
+
+def first_failure(*checks: Callable[[], Verdict]) -> Verdict:
+    """Run the checks in order (lazily: later ones may assume earlier ones held); the first rejection wins."""
+    for check in checks:
+        verdict = check()
+        if not verdict.ok:
+            return verdict
+    return OK
+
+
+# ---------------------------------------------------------------- runtime gates
+
+
+def can_run_fusion(switch: str, bit_exact: bool, config: FusionConfig, env_disabled: Iterable[str],
+                   deterministic: bool) -> Verdict:
+    """Per-fusion config switch, then ``FP8_FUSION_DISABLE``, then deterministic mode (norm fusions only: they
+    may move a value by one fp8 step; the silu fusion is bit-exact and stays on)."""
+    if not getattr(config, switch, False):
+        return reject("disabled_by_config", f"FusionConfig.{switch} is False")
+    if switch in set(env_disabled):
+        return reject("disabled_by_env", f"{ENV_DISABLE} lists {switch}")
+    if deterministic and not bit_exact:
+        return reject("deterministic_mode", "torch.are_deterministic_algorithms_enabled() is True and this fusion "
+                      "is not bit-exact (reduction order may move a value by one fp8 step)")
+    return OK
+
+
+# ---------------------------------------------------------------- dtype, device, shape
+
+
+def _dtype(v) -> torch.dtype | None:
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def can_dtype(x, w=None, residual=None) -> Verdict:
+    """Activations bf16; the norm weight and the residual in the activation dtype (fp32 weights crashed strict
+    kernels in vLLM #44694)."""
+    if _dtype(x) != torch.bfloat16:
+        return reject("dtype_not_bf16", f"activation dtype is {_dtype(x)}")
+    if residual is not None and _dtype(residual) != torch.bfloat16:
+        return reject("dtype_not_bf16", f"residual dtype is {_dtype(residual)}")
+    if w is not None and _dtype(w) != _dtype(x):
+        return reject("weight_dtype_mismatch", f"norm weight is {_dtype(w)}, activation {_dtype(x)}")
+    return OK
+
+
+def can_run_kernel(op: str, device: torch.device) -> Verdict:
+    """A fused kernel for ``op`` exists on ``device``: any backend on the CPU (the reference is the CPU's kernel),
+    a real one on a GPU (the pure-torch reference there is many kernels: slower than Inductor's own fusion),
+    unless the user explicitly asked for the reference."""
+    from .kernels import backends
+
+    try:
+        name = backends.backend_for(op, device)
+    except Exception as e:  # BackendUnavailable, or a backend that fails to import
+        return reject("no_fused_kernel", f"{type(e).__name__}: {e}")
+    if device.type != "cpu" and name == "reference" and backends.explicit_choice() != "reference":
+        a = _arch.arch_of(device)
+        return reject("no_fused_kernel", f"only the pure-torch reference implements {op} on {a.name}")
+    return OK
+
+
+def can_group(k, group_size: int, group_sizes: Iterable[int]) -> Verdict:
+    """K static, the group size configured, and K a multiple of it."""
+    if not isinstance(k, int):
+        return reject("k_dynamic", f"K = {k} is symbolic")
+    if group_size not in tuple(group_sizes):
+        return reject("group_size_not_configured", f"group size {group_size} not in {tuple(group_sizes)}")
+    if k % group_size:
+        return reject("k_not_multiple_of_group", f"K = {k} is not a multiple of {group_size}")
+    return OK
+
+
+def can_layout(**tensors) -> Verdict:
+    """Every named tensor is contiguous in its last dim (the fused ops read rows with stride 1)."""
+    for name, v in tensors.items():
+        if not isinstance(v, torch.Tensor) or v.dim() == 0:
+            continue
+        if v.shape[-1] != 1 and not statically_known_true(v.stride(-1) == 1):
+            return reject("last_dim_not_contiguous", f"{name} has strides {tuple(v.stride())}")
+    return OK
+
+
+# ---------------------------------------------------------------- graph structure (over summaries)
+
+
+def can_feed_gemms(bad_consumers: list[str]) -> Verdict:
+    """The quant's q and scale feed only block-scale GEMMs (``_graph.quant_consumers`` lists the others)."""
+    if bad_consumers:
+        return reject("consumer_not_blockscale_mm", "; ".join(bad_consumers))
+    return OK
+
+
+def can_own_output(other_consumers: list[str], quants: int) -> Verdict:
+    """The producer's output goes to this one quant only: another quant (not collapsed) or a bf16 consumer would
+    need the unquantized output, which the fused ops do not return."""
+    if quants > 1:
+        return reject("multiple_quants", f"output feeds {quants} group_quants (is dedup_quant on? group sizes "
+                      "or shapes differ?)")
+    if other_consumers:
+        return reject("extra_consumer", "output also feeds " + ", ".join(other_consumers))
+    return OK
+
+
+# ---------------------------------------------------------------- profit
+
+
+def should_fuse_small_m(arch_name: str, m, gemms: Iterable[tuple[int, int]]) -> Verdict:
+    """The per-arch small-M table (``kernels/small_m.py``, owned by the AMD path): where a consumer GEMM is
+    faster fed bf16 at this M, leave the norm unfused. A symbolic M never matches (deciding would need a shape
+    guard); a missing table means no entry."""
+    prefers = _small_m_table()
+    if prefers is None:
+        return OK
+    for n, k in gemms:
+        if isinstance(m, int) and prefers(arch_name, m, n, k):
+            return reject("small_m_prefers_bf16", f"{arch_name}: GEMM N={n} K={k} at M={m} is faster fed bf16")
+    return OK
+
+
+def _small_m_table():
+    try:
+        from .kernels.small_m import prefers_bf16_input
+    except ImportError:  # the AMD engineer's table not installed: no entry anywhere
+        return None
+    return prefers_bf16_input
+
+
+def static_rows(x) -> int | None:
+    """M = numel / K of an activation when every dim is static, else None."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return None
+    m = 1
+    for s in x.shape[:-1]:
+        if not isinstance(s, int):
+            return None
+        m *= s
+    return m

@@ -1,0 +1,36 @@
+"""The table of rewrites the pass makes, in the order it makes them. One row per rewrite; the module named in a
+row implements it (one fusion per file, each with its before -> after docstring and its guards).
+
+Order matters: duplicate quants collapse first (so q/k/v share one quant before the norm fusion looks for
+"exactly one quant"), the residual-add norm fusion is tried before the plain one (the plain pattern is a subset
+of it: it would match the same norm with the add's sum as its input), and zero fills go last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    name: str  # the report's pattern name
+    switch: str  # the FusionConfig field / FP8_FUSION_DISABLE name that turns it off
+    module: str  # fp8_fusion_pass.patterns.<module> implements it
+    fused_op: str | None  # the torch.ops.fp8_fusion op it swaps in (None: no op swapped)
+    bit_exact: bool  # output identical to the unfused graph (deterministic mode keeps only these)
+
+
+FUSIONS: tuple[Fusion, ...] = (
+    # group_quant(reshape(x)) x N, same x / shape / group  ->  one group_quant(reshape(x)), its outputs shared
+    Fusion("dedup_quant", "dedup_quant", "dedup_quant", None, True),
+    # (x + residual) -> rms_norm -> [reshape] -> group_quant -> blockscale_mm  ->  add_rms_norm_group_quant
+    Fusion("add_norm_quant", "norm_quant", "norm_quant", "add_rms_norm_group_quant", False),
+    # rms_norm -> [reshape] -> group_quant -> blockscale_mm  ->  rms_norm_group_quant
+    Fusion("norm_quant", "norm_quant", "norm_quant", "rms_norm_group_quant", False),
+    # silu(gate) * up -> [reshape] -> group_quant -> blockscale_mm  ->  silu_mul_group_quant
+    Fusion("silu_quant", "silu_quant", "silu_quant", "silu_mul_group_quant", True),
+    # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
+    Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
+)
+
+BY_NAME = {f.name: f for f in FUSIONS}
