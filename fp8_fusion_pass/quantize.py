@@ -32,22 +32,45 @@ BLOCK = (128, 128)
 PER_TENSOR_ALIGN = 16
 
 
-def _is_fp8(t: torch.Tensor) -> bool:
-    return t.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-
-
 class _FP8Module(nn.Module):
-    """Keeps quantized tensors' dtypes through ``model.to(torch.bfloat16)``.
+    """Shared by the FP8 linears: an fp8 ``weight [N, K]`` buffer, one fp32 scale buffer, an optional bias.
 
-    ``Module.to(dtype)`` casts every floating tensor, and fp8 counts as floating: without this, a bf16 cast of
-    the whole model would turn fp8 weights into bf16 and round fp32 scales to bf16 (0.4% error per scale).
-    Device moves still apply.
+    Keeps the quantized tensors' dtypes through ``model.to(torch.bfloat16)``: ``Module.to(dtype)`` casts every
+    floating tensor, and fp8 counts as floating, so a bf16 cast of the whole model would otherwise turn fp8
+    weights into bf16 and round fp32 scales to bf16 (0.4% error per scale). Device moves still apply.
     """
 
-    _keep_dtype = ("weight", "weight_scale_inv", "weight_scale")
+    scale_name = ""  # the scale buffer's name (checkpoint naming)
+
+    def _scale_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, *,
+                 fp8_dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        fp8_dtype = fp8_dtype or arch.fp8_dtype(device or "cpu")
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=fp8_dtype, device=device))
+        self.register_buffer(self.scale_name, torch.empty(self._scale_shape(), dtype=torch.float32, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), False) if bias else None
+
+    @classmethod
+    def _quantized(cls, linear: nn.Linear, quantize, **kwargs):
+        """A module holding ``quantize(weight, arch)`` of ``linear``, in the fp8 flavour of its device."""
+        w = linear.weight.detach()
+        a = arch.arch_of(w.device)
+        mod = cls(linear.in_features, linear.out_features, linear.bias is not None, fp8_dtype=a.fp8_dtype,
+                  device=w.device, dtype=w.dtype, **kwargs)
+        w_q, w_s = quantize(w, a)
+        mod.weight.copy_(w_q)
+        getattr(mod, cls.scale_name).copy_(w_s)
+        if linear.bias is not None:
+            mod.bias.data.copy_(linear.bias.detach())
+        return mod
 
     def _apply(self, fn, recurse=True):
-        kept = {n: getattr(self, n) for n in self._keep_dtype if isinstance(getattr(self, n, None), torch.Tensor)}
+        kept = {n: self._buffers[n] for n in ("weight", self.scale_name) if self._buffers.get(n) is not None}
         super()._apply(fn, recurse)
         for name, before in kept.items():
             after = self._buffers[name]
@@ -63,37 +86,23 @@ class BlockFP8Linear(_FP8Module):
     non-grad parameter in the activation dtype or None.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = False,
-        *,
-        group_size: int = 128,
-        fp8_dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.bfloat16,
-    ) -> None:
-        super().__init__()
-        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
-        fp8_dtype = fp8_dtype or arch.fp8_dtype(device or "cpu")
-        n_blocks, k_blocks = -(-out_features // BLOCK[0]), -(-in_features // BLOCK[1])
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=fp8_dtype, device=device))
-        self.register_buffer("weight_scale_inv", torch.empty(n_blocks, k_blocks, dtype=torch.float32, device=device))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), False) if bias else None
+    scale_name = "weight_scale_inv"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, *, group_size: int = 128,
+                 fp8_dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+        self.group_size = group_size
+        super().__init__(in_features, out_features, bias, fp8_dtype=fp8_dtype, device=device, dtype=dtype)
+
+    def _scale_shape(self):
+        return -(-self.out_features // BLOCK[0]), -(-self.in_features // BLOCK[1])
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, block_size=BLOCK) -> "BlockFP8Linear":
-        w = linear.weight.detach()
-        a = arch.arch_of(w.device)
-        mod = cls(linear.in_features, linear.out_features, linear.bias is not None, group_size=group_size,
-                  fp8_dtype=a.fp8_dtype, device=w.device, dtype=w.dtype)
-        w_q, w_s = reference.quantize_weight_blockwise(w, tuple(block_size), a.fp8_dtype, a.fp8_max)
-        mod.weight.copy_(w_q)
-        mod.weight_scale_inv.copy_(w_s)
-        if linear.bias is not None:
-            mod.bias.data.copy_(linear.bias.detach())
-        return mod
+        def quantize(w, a):
+            return reference.quantize_weight_blockwise(w, tuple(block_size), a.fp8_dtype, a.fp8_max)
+
+        return cls._quantized(linear, quantize, group_size=group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., K] -> [M, K]; this exact op sequence is what patterns/ matches.
@@ -101,9 +110,7 @@ class BlockFP8Linear(_FP8Module):
         q, s = torch.ops.fp8_fusion.group_quant(x2, self.group_size)
         y = torch.ops.fp8_fusion.blockscale_mm(q, s, self.weight, self.weight_scale_inv, x.dtype)
         y = y.reshape(*x.shape[:-1], self.out_features)
-        if self.bias is not None:
-            y = y + self.bias
-        return y
+        return y if self.bias is None else y + self.bias
 
     def dequantized_weight(self) -> torch.Tensor:
         return reference.dequant_weight(self.weight, self.weight_scale_inv)
@@ -116,35 +123,14 @@ class BlockFP8Linear(_FP8Module):
 class PerTensorFP8Linear(_FP8Module):
     """``y = (q * x_scale) @ (weight * weight_scale).T (+ bias)`` with one dynamic activation scale per call."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = False,
-        *,
-        fp8_dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.bfloat16,
-    ) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        fp8_dtype = fp8_dtype or arch.fp8_dtype(device or "cpu")
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=fp8_dtype, device=device))
-        self.register_buffer("weight_scale", torch.empty(1, dtype=torch.float32, device=device))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), False) if bias else None
+    scale_name = "weight_scale"
+
+    def _scale_shape(self):
+        return (1,)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "PerTensorFP8Linear":
-        w = linear.weight.detach()
-        a = arch.arch_of(w.device)
-        mod = cls(linear.in_features, linear.out_features, linear.bias is not None, fp8_dtype=a.fp8_dtype,
-                  device=w.device, dtype=w.dtype)
-        w_q, w_s = reference.per_tensor_quant(w, a.fp8_dtype, a.fp8_max)
-        mod.weight.copy_(w_q)
-        mod.weight_scale.copy_(w_s)
-        if linear.bias is not None:
-            mod.bias.data.copy_(linear.bias.detach())
-        return mod
+        return cls._quantized(linear, lambda w, a: reference.per_tensor_quant(w, a.fp8_dtype, a.fp8_max))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
@@ -154,9 +140,7 @@ class PerTensorFP8Linear(_FP8Module):
         torch.ops.fp8_fusion.dynamic_per_tensor_quant(out, x2, scale)
         y = torch.ops.fp8_fusion.per_tensor_mm(out, scale, self.weight, self.weight_scale, x.dtype)
         y = y.reshape(*x.shape[:-1], self.out_features)
-        if self.bias is not None:
-            y = y + self.bias
-        return y
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8={self.weight.dtype}"
@@ -224,10 +208,19 @@ def _convert(model: nn.Module, scheme: str, skip: Iterable[str], reason_of, make
     return summary
 
 
-def _convert_block(model: nn.Module, block_size, skip, group_size) -> QuantizeSummary:
-    block = tuple(block_size)
-    return _convert(model, f"block-fp8 {block[0]}x{block[1]}", skip, lambda lin: _block_reason(lin, block),
-                    lambda lin: BlockFP8Linear.from_linear(lin, group_size, block))
+SCHEMES = ("block", "per-tensor")
+
+
+def convert_linears(model: nn.Module, scheme: str, skip: Iterable[str] = ("lm_head",),
+                    group_size: int = 128) -> QuantizeSummary:
+    """The conversion behind the public functions, without the nothing-eligible error (for converting a model
+    one decoder layer at a time, where a layer may legitimately hold no eligible linear)."""
+    if scheme == "block":
+        return _convert(model, f"block-fp8 {BLOCK[0]}x{BLOCK[1]}", skip, lambda lin: _block_reason(lin, BLOCK),
+                        lambda lin: BlockFP8Linear.from_linear(lin, group_size, BLOCK))
+    if scheme == "per-tensor":
+        return _convert(model, "per-tensor fp8", skip, _per_tensor_reason, PerTensorFP8Linear.from_linear)
+    raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
 
 
 def _require_some(model: nn.Module, summary: QuantizeSummary, what: str) -> QuantizeSummary:
@@ -254,13 +247,12 @@ def quantize_block_fp8(
     """
     if tuple(block_size) != BLOCK:
         raise ValueError(f"block_size must be {BLOCK} (the kernels' weight block), got {tuple(block_size)}")
-    return _require_some(model, _convert_block(model, block_size, skip, group_size), "quantize_block_fp8")
+    return _require_some(model, convert_linears(model, "block", skip, group_size), "quantize_block_fp8")
 
 
 def quantize_fp8_per_tensor(model: nn.Module, skip: Iterable[str] = ("lm_head",)) -> QuantizeSummary:
     """Replace every eligible ``nn.Linear`` in place with a ``PerTensorFP8Linear`` (one weight scale each)."""
-    summary = _convert(model, "per-tensor fp8", skip, _per_tensor_reason, PerTensorFP8Linear.from_linear)
-    return _require_some(model, summary, "quantize_fp8_per_tensor")
+    return _require_some(model, convert_linears(model, "per-tensor", skip), "quantize_fp8_per_tensor")
 
 
 # fn byte 0x80 is -0.0, which in fnuz is the NaN encoding; fn NaNs (0x7f, 0xff) would become +-240 in fnuz.

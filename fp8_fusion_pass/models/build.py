@@ -146,13 +146,9 @@ def _rebuild_rotary(model: nn.Module, device: torch.device) -> None:
 
 
 def _quantizer(scheme: str, skip):
-    if scheme == "block":
-        return lambda m: q._convert_block(m, q.BLOCK, skip, 128)
-    if scheme == "per-tensor":
-        return lambda m: q._convert(m, "per-tensor fp8", skip, q._per_tensor_reason, q.PerTensorFP8Linear.from_linear)
-    if scheme == "bf16":
-        return None
-    raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+    return None if scheme == "bf16" else (lambda m: q.convert_linears(m, scheme, skip))
 
 
 def materialize_hf(
