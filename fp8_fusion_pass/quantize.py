@@ -104,6 +104,21 @@ class BlockFP8Linear(_FP8Module):
 
         return cls._quantized(linear, quantize, group_size=group_size)
 
+    @classmethod
+    def from_fp8_linear(cls, linear: nn.Linear, group_size: int = 128) -> "BlockFP8Linear":
+        """Adopt the tensors of an already block-quantized linear (transformers' ``FP8Linear``): no requantization;
+        e4m3fn weights are re-encoded for a fnuz device; the bias becomes bf16 (FP8Linear keeps it in fp32)."""
+        w, s = linear.weight.detach(), linear.weight_scale_inv.detach().to(torch.float32)
+        fp8 = arch.arch_of(w.device).fp8_dtype
+        if fp8 == torch.float8_e4m3fnuz and w.dtype == torch.float8_e4m3fn:
+            w, s = e4m3fn_to_e4m3fnuz(w, s)
+        mod = cls(linear.in_features, linear.out_features, linear.bias is not None, group_size=group_size,
+                  fp8_dtype=w.dtype, device="meta")
+        mod.weight, mod.weight_scale_inv = w, s
+        if linear.bias is not None:
+            mod.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
+        return mod
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., K] -> [M, K]; this exact op sequence is what patterns/ matches.
         x2 = x.reshape(-1, self.in_features)
@@ -189,21 +204,40 @@ def _per_tensor_reason(lin: nn.Linear) -> str | None:
     return None
 
 
-def _convert(model: nn.Module, scheme: str, skip: Iterable[str], reason_of, make) -> QuantizeSummary:
+def _adopt_reason(lin: nn.Linear) -> str | None:
+    """Why an nn.Linear that already holds fp8 weights (transformers' ``FP8Linear``) cannot be adopted."""
+    block, scale = getattr(lin, "block_size", None), getattr(lin, "weight_scale_inv", None)
+    if block is None or tuple(block) != BLOCK:
+        return f"already fp8 with block_size {block}; only {BLOCK} blocks are adopted"
+    if getattr(lin, "activation_scale", None) is not None:
+        return "already fp8 with a static activation scale; only dynamic activation quant is supported"
+    if scale is None or not scale.dtype.is_floating_point:
+        return "already fp8 without a float weight_scale_inv (ue8m0 scales are not supported)"
+    return None
+
+
+def _convert(model: nn.Module, scheme: str, skip: Iterable[str], reason_of, make, adopt=None) -> QuantizeSummary:
     summary = QuantizeSummary(scheme)
     skip = tuple(skip)
     # Collect first: replacing while iterating named_modules would revisit or miss children.
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     for name, lin in targets:
         pattern = _matches(name, skip)
-        reason = f"in skip list ({pattern!r})" if pattern is not None else reason_of(lin)
+        # An nn.Linear subclass holding fp8 weights (transformers' FP8Linear) is adopted, never requantized.
+        fp8 = lin.weight.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+        if pattern is not None:
+            reason = f"in skip list ({pattern!r})"
+        elif fp8:
+            reason = _adopt_reason(lin) if adopt else f"already fp8 ({type(lin).__name__}); {scheme} takes bf16 weights"
+        else:
+            reason = reason_of(lin)
         if reason is not None:
             summary.skipped[name] = reason
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         with torch.no_grad():
-            setattr(parent, child, make(lin))
+            setattr(parent, child, adopt(lin) if fp8 else make(lin))
         summary.converted.append(name)
     return summary
 
@@ -217,7 +251,8 @@ def convert_linears(model: nn.Module, scheme: str, skip: Iterable[str] = ("lm_he
     one decoder layer at a time, where a layer may legitimately hold no eligible linear)."""
     if scheme == "block":
         return _convert(model, f"block-fp8 {BLOCK[0]}x{BLOCK[1]}", skip, lambda lin: _block_reason(lin, BLOCK),
-                        lambda lin: BlockFP8Linear.from_linear(lin, group_size, BLOCK))
+                        lambda lin: BlockFP8Linear.from_linear(lin, group_size, BLOCK),
+                        lambda lin: BlockFP8Linear.from_fp8_linear(lin, group_size))
     if scheme == "per-tensor":
         return _convert(model, "per-tensor fp8", skip, _per_tensor_reason, PerTensorFP8Linear.from_linear)
     raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
@@ -242,6 +277,8 @@ def quantize_block_fp8(
     """Replace every eligible ``nn.Linear`` of ``model`` in place with a ``BlockFP8Linear``.
 
     Eligible: not matched by ``skip`` (full name, last name component or glob) and N, K multiples of the block.
+    Linears already holding 128x128 block-FP8 weights (transformers' ``FP8Linear``, whose forward fetches hub
+    kernels from transformers 5.4 on) are adopted as they are, without requantization.
     Others stay as they are and are listed in the returned summary's ``skipped`` with the reason.
     Raises ``ValueError`` when nothing is eligible.
     """

@@ -200,3 +200,34 @@ def test_skip_patterns():
     assert quantize._matches("model.layers.0.mlp.down_proj", ["down_proj"]) == "down_proj"
     assert quantize._matches("model.layers.0.mlp.down_proj", ["model.layers.0.*"]) == "model.layers.0.*"
     assert quantize._matches("model.layers.0.mlp.down_proj", ["up_proj", "layers"]) is None
+
+
+def _hf_fp8_linear(w: torch.Tensor, block=(128, 128), bias=None):
+    finegrained = pytest.importorskip("transformers.integrations.finegrained_fp8")
+    lin = finegrained.FP8Linear(w.shape[1], w.shape[0], block_size=block, has_bias=bias is not None)
+    w_q, w_s = ref.quantize_weight_blockwise(w, (128, 128), torch.float8_e4m3fn, 448.0)
+    with torch.no_grad():
+        lin.weight.copy_(w_q)
+        if block is not None:
+            lin.weight_scale_inv.copy_(w_s)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin
+
+
+@pytest.mark.parametrize("simulated", ["cpu", "gfx942"])
+def test_transformers_fp8linear_is_adopted_not_requantized(simulated):
+    w, b = torch.randn(256, 384), torch.randn(256)
+    with arch.simulate_arch(simulated):
+        model = nn.Sequential(_hf_fp8_linear(w, bias=b), _hf_fp8_linear(w[:, :256], block=None))
+        summary = quantize_block_fp8(model)
+        assert summary.converted == ["0"] and "block_size None" in summary.skipped["1"]
+        lin = model[0]
+        assert isinstance(lin, BlockFP8Linear)
+        assert lin.weight.dtype == arch.arch_of("cpu").fp8_dtype and lin.bias.dtype == torch.bfloat16
+        w_q, w_s = ref.quantize_weight_blockwise(w, (128, 128), torch.float8_e4m3fn, 448.0)
+        assert torch.equal(lin.dequantized_weight(), ref.dequant_weight(w_q, w_s))  # same values, no requant
+        x = torch.randn(5, 384, dtype=torch.bfloat16)
+        assert torch.isfinite(lin(x)).all()
+    with pytest.raises(ValueError, match="already fp8"):
+        quantize_fp8_per_tensor(nn.Sequential(_hf_fp8_linear(w)))
