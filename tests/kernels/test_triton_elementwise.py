@@ -272,7 +272,48 @@ def check_casts(fp8: torch.dtype, device: str, emulate: bool):
     assert not wrong_bf16.any(), f"bf16 rounding differs at {x[wrong_bf16][:5].tolist()}"
 
 
+@triton.jit
+def _div_kernel(y_ptr, s_ptr, q_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    y = tl.load(y_ptr + offs, mask=offs < N, other=1.0)
+    s = tl.load(s_ptr + offs, mask=offs < N, other=1.0)
+    tl.store(q_ptr + offs, _fp8.div_by_scale(y, s), mask=offs < N)
+
+
+def check_division(device: str):
+    """div_by_scale (one reciprocal per group, two fmas per value) == torch's IEEE y / scale, bit for bit: on random
+    groups, on quotients planted next to fp32 rounding midpoints (the hard cases), and on the special values."""
+    g = torch.Generator().manual_seed(2)
+    n = 1 << 18
+    amax = torch.exp2(torch.empty(n).uniform_(-40, 40, generator=g))
+    scale = amax / 448.0
+    y = (torch.rand(n, generator=g) * 2 - 1) * amax
+    # Hard cases: the exact quotient sits within a few fp32 ulps of a midpoint between two fp32 values.
+    q_mid = (torch.rand(n, generator=g) * 448).view(torch.int32) | 1  # odd mantissa ...
+    q_mid = (q_mid.view(torch.float32).double() * (1 + 2.0**-24)).float()  # ... nudged by half an ulp
+    y_hard = (q_mid.double() * scale.double()).float()
+    special_y = torch.tensor([0.0, -0.0, 1e-39, -1e-39, 3.0, float("inf"), -3.0, float("nan"), 5.0, 1e-10])
+    special_s = torch.tensor(
+        [1.0, 1.0, 1e-3, 2.2e-13, float("inf"), float("inf"), float("inf"), 1.0, float("nan"), 2.2e-13]
+    )
+    ys = torch.cat([y, y_hard, special_y]).to(device)
+    ss = torch.cat([scale, scale, special_s]).to(device)
+    q = torch.empty_like(ys)
+    block = 1 << 14
+    _div_kernel[(triton.cdiv(ys.numel(), block),)](ys, ss, q, ys.numel(), BLOCK=block)
+    want = ys / ss
+    same = (q.view(torch.int32) == want.view(torch.int32)) | (q.isnan() & want.isnan())
+    assert same.all(), (
+        f"{int((~same).sum())} quotients differ, e.g. y={ys[~same][:3].tolist()} s={ss[~same][:3].tolist()}"
+    )
+
+
 cpu_only = pytest.mark.skipif(not _on_cpu_interpreter(), reason="the CPU interpreter run (CUDA: TestCuda)")
+
+
+@cpu_only
+def test_division_by_the_scale_is_exact():
+    check_division("cpu")
 
 
 @cpu_only
@@ -495,6 +536,9 @@ class TestCuda:
     @pytest.mark.parametrize("emulate", [False, True], ids=["hardware", "emulated"])
     def test_casts(self, fp8, emulate):
         check_casts(fp8, self.DEV, emulate)
+
+    def test_division(self):
+        check_division(self.DEV)
 
     @pytest.mark.parametrize("m", [1, 17, 4096])
     @pytest.mark.parametrize("k", HIDDEN + (8192,))

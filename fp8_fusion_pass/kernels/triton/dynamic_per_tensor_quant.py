@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ... import arch
-from ._fp8 import AMAX_FLOOR, amax_nan, cast_fp8, fp8_constexprs, max_nan, to_fp32
+from ._fp8 import AMAX_FLOOR, amax_nan, cast_fp8, div_by_scale, fp8_constexprs, max_nan, to_fp32
 
 BLOCK = 4096  # elements per program step: 8 KB of bf16, 16 values / thread at 8 warps (see _tiles.py)
 NUM_WARPS = 8
@@ -49,7 +49,7 @@ def _amax_kernel(x_ptr, partial_ptr, N, ITERS, BLOCK: tl.constexpr, EMULATE_CAST
 def _quant_tile(x_ptr, out_ptr, offs, N, scale, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
                 FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):
     x = to_fp32(tl.load(x_ptr + offs, mask=offs < N, other=0.0, eviction_policy="evict_first"), EMULATE_CAST)
-    q = cast_fp8(tl.math.div_rn(x, scale), out_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+    q = cast_fp8(div_by_scale(x, scale), out_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
     tl.store(out_ptr + offs, q, mask=offs < N)
 
 

@@ -1,0 +1,375 @@
+"""Fused norm / silu + 1x128 group-quant kernels vs the unfused Triton pair vs Inductor vs the roofline (issue 7).
+
+    python benchmarks/kernels.py --quick              # 2 norm + 2 silu sizes, M in 1, 2048, 8192 (~1 min)
+    python benchmarks/kernels.py --out DIR            # full: 5 hidden + 15 intermediate sizes x 6 M (~5 min, H200)
+    python benchmarks/kernels.py --sweep              # our fused kernels' tile candidates at M = 2048, 8192
+    python benchmarks/kernels.py --ops silu_mul_group_quant --sizes 25600,12800
+    python benchmarks/kernels.py --dry-run            # CPU + Triton interpreter, tiny shapes: checks the script only
+
+For each fused op (``rms_norm_group_quant``, ``add_rms_norm_group_quant``, ``silu_mul_group_quant``), at the
+Qwen3-0.6B / 1.7B / 8B / 32B and Llama-3.1-8B / 70B hidden sizes (norms; TP does not shard them) and intermediate
+sizes at TP 1, 2, 4, 8 (silu), and M in {1, 16, 64, 256, 2048, 8192}, it times:
+  fused     our Triton kernel (``kernels/triton``), the tile its launcher picks
+  unfused   our two Triton kernels: rms_norm / add_rms_norm / silu_and_mul, then group_quant
+  inductor  ``torch.compile`` of the plain-torch reference (``kernels/reference.py``): Inductor's own fusion.
+            One compile per (op, size): M is marked unbacked (no recompiles), automatic dynamic shapes are off (K
+            stays static), and the largest M runs first, so Inductor autotunes its kernels at M = 8192.
+  roofline  minimum bytes (inputs read once, outputs written once) / copy bandwidth measured in this run
+            (a 2 GiB device-to-device copy, read + write counted; ``_timing.copy_bandwidth``).
+Timing (``_timing.time_graph``): calls captured into one CUDA graph, cycling through input copies that together
+exceed 3x the 50 MB L2 (at most 64 copies: M = 1 shapes stay L2-resident and launch-bound), median over replays.
+
+Writes ``kernels.csv`` and ``kernels.png`` (matplotlib, if importable) to ``--out`` (default ``$OUT``, else
+``.``), and prints the table: time / roofline and fused / best peer, with the issue-7 targets (<= 1.25x roofline
+at M >= 2048, <= 1.0x the best peer everywhere) flagged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if "--dry-run" in sys.argv:  # must precede the first triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+from _timing import copy_bandwidth, time_graph
+from tabulate import tabulate
+
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import _tiles
+from fp8_fusion_pass.kernels.triton import group_quant as gq
+from fp8_fusion_pass.kernels.triton import rms_norm as rn
+from fp8_fusion_pass.kernels.triton import silu_and_mul as sm
+
+MODELS = {  # name: (hidden, intermediate), from the models' config.json
+    "qwen3-0.6b": (1024, 3072),
+    "qwen3-1.7b": (2048, 6144),
+    "qwen3-8b": (4096, 12288),
+    "qwen3-32b": (5120, 25600),
+    "llama3.1-8b": (4096, 14336),
+    "llama3.1-70b": (8192, 28672),
+}
+TP = (1, 2, 4, 8)
+MS = (8192, 2048, 256, 64, 16, 1)  # largest first: Inductor autotunes on its first call
+G = 128
+EPS = 1e-6
+ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
+MAX_COPIES = 64
+ROOFLINE_TARGET, PEER_TARGET = 1.25, 1.0  # issue 7
+OPS = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant")
+DEVICE = "cuda"
+
+
+def log(msg: str) -> None:
+    print(f"[kernels {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sizes_of(op: str) -> dict[int, str]:
+    """Per-GPU sizes of op, each labelled with the models (and TP degrees) that run it."""
+    out: dict[int, list[str]] = {}
+    for name, (hidden, inter) in MODELS.items():
+        if op != "silu_mul_group_quant":
+            out.setdefault(hidden, []).append(name)
+            continue
+        for tp in TP:
+            if inter % tp == 0 and (inter // tp) % G == 0:
+                out.setdefault(inter // tp, []).append(f"{name}/tp{tp}" if tp > 1 else name)
+    return {k: " ".join(v) for k, v in sorted(out.items())}
+
+
+# ---------------------------------------------------------------- the three implementations of each op
+
+
+class Case:
+    """Inputs (rotating copies), the three implementations and the minimum bytes of one (op, K, M)."""
+
+    def __init__(self, op: str, k: int, m: int, w: torch.Tensor):
+        self.op, self.k, self.m, self.w = op, k, m, w
+        width = 2 * k if op == "silu_mul_group_quant" else k
+        nbytes_in = m * width * 2 * (2 if op == "add_rms_norm_group_quant" else 1)
+        self.copies = max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes_in, 1))))
+        self.inputs = []
+        for _ in range(self.copies):
+            x = torch.randn(m, width, device=DEVICE, dtype=torch.bfloat16)
+            r = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16) if op == "add_rms_norm_group_quant" else None
+            self.inputs.append((x, r))
+        # min bytes: inputs once, q (1 B), scales (4 B per group), residual_out (2 B), the norm weight (2 B)
+        out = m * k + m * (k // G) * 4 + (2 * m * k if op == "add_rms_norm_group_quant" else 0)
+        self.min_bytes = nbytes_in + out + (2 * k if op != "silu_mul_group_quant" else 0)
+
+    def fused(self, i: int, tile=None):
+        x, r = self.inputs[i]
+        if self.op == "silu_mul_group_quant":
+            return sm.launch(x, G, tile=tile)
+        (q, s), res = rn.launch(x, self.w, EPS, r, G, tile=tile)
+        return (q, s) if r is None else (q, s, res)
+
+    def unfused(self, i: int):
+        x, r = self.inputs[i]
+        if self.op == "silu_mul_group_quant":
+            return gq.group_quant(sm.silu_and_mul(x), G)
+        y, res = rn.launch(x, self.w, EPS, r, None)
+        return (*gq.group_quant(y, G), res)
+
+
+def inductor_fn(op: str, a: arch.Arch):
+    """Inductor's fusion of the reference. One compiled function per (op, K): the caller makes a fresh one."""
+    fp8, fp8_max = a.fp8_dtype, a.fp8_max
+    if op == "rms_norm_group_quant":
+        fn = lambda x, r, w: ref.rms_norm_group_quant(x, w, EPS, G, fp8, fp8_max)
+    elif op == "add_rms_norm_group_quant":
+        fn = lambda x, r, w: ref.add_rms_norm_group_quant(x, r, w, EPS, G, fp8, fp8_max)
+    else:
+        fn = lambda x, r, w: ref.silu_mul_group_quant(x, G, fp8, fp8_max)
+    return torch.compile(fn, backend="eager" if DEVICE == "cpu" else "inductor")
+
+
+def _mark_m_dynamic(t: torch.Tensor | None) -> None:
+    if t is None:
+        return
+    mark = getattr(torch._dynamo.decorators, "mark_unbacked", None) or torch._dynamo.maybe_mark_dynamic
+    mark(t, 0)
+
+
+def _check(case: Case, a: arch.Arch) -> None:
+    """The fused kernel agrees with the reference (scales within 1%): never time a wrong kernel."""
+    x, r = case.inputs[0]
+    got = case.fused(0)
+    if case.op == "silu_mul_group_quant":
+        want = ref.silu_mul_group_quant(x, G, a.fp8_dtype, a.fp8_max)
+    elif r is None:
+        want = ref.rms_norm_group_quant(x, case.w, EPS, G, a.fp8_dtype, a.fp8_max)
+    else:
+        want = ref.add_rms_norm_group_quant(x, r, case.w, EPS, G, a.fp8_dtype, a.fp8_max)
+    err = ((got[1] - want[1]).abs() / want[1]).max().item()
+    if not err <= 1e-2:
+        raise AssertionError(f"{case.op} K={case.k} M={case.m}: scales off the reference by {err:.3g}")
+
+
+# ---------------------------------------------------------------- the run
+
+
+def measure(case: Case, compiled, bw: float) -> dict:
+    """One row: the three implementations of ``case`` and its roofline, in microseconds per call."""
+    dry = DEVICE == "cpu"
+    t_fused = time_graph(case.fused, case.copies, dry)
+    t_unfused = time_graph(case.unfused, case.copies, dry)
+    t_ind = float("nan")
+    if compiled is not None:
+        for x, r in case.inputs:
+            _mark_m_dynamic(x)
+            _mark_m_dynamic(r)
+        t_ind = time_graph(lambda i: compiled(*case.inputs[i], case.w), case.copies, dry)
+    roof = case.min_bytes / bw * 1e6
+    peer = t_unfused if compiled is None else min(t_unfused, t_ind)
+    return {
+        "op": case.op, "K": case.k, "M": case.m, "fused_us": t_fused, "unfused_us": t_unfused, "inductor_us": t_ind,
+        "roofline_us": roof, "fused_over_roofline": t_fused / roof, "unfused_over_roofline": t_unfused / roof,
+        "inductor_over_roofline": t_ind / roof, "fused_over_best_peer": t_fused / peer,
+    }  # fmt: skip
+
+
+def run(ops, sizes_filter, ms, bw: float, with_inductor: bool) -> list[dict]:
+    a = arch.arch_of(DEVICE)
+    rows = []
+    torch._dynamo.config.automatic_dynamic_shapes = False  # K static; M is marked unbacked explicitly
+    torch._dynamo.config.recompile_limit = 1024
+    for op in ops:
+        for k, label in sizes_of(op).items():
+            if sizes_filter and k not in sizes_filter:
+                continue
+            w = torch.randn(k, device=DEVICE, dtype=torch.bfloat16) * 0.5 + 1
+            compiled = inductor_fn(op, a) if with_inductor else None
+            for m in ms:
+                case = Case(op, k, m, w)
+                _check(case, a)
+                row = {**measure(case, compiled, bw), "models": label}
+                rows.append(row)
+                log(f"{op} K={k} M={m}: fused {row['fused_us']:.1f} us ({row['fused_over_roofline']:.2f}x roofline), "
+                    f"unfused {row['unfused_us']:.1f}, inductor {row['inductor_us']:.1f}, "
+                    f"roofline {row['roofline_us']:.1f}")  # fmt: skip
+                del case
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_tiles(op: str, k: int) -> list[_tiles.Tile]:
+    """Tile candidates of our fused kernel for ``--sweep`` (what ``_tiles`` chooses between, and around it)."""
+    if op == "silu_mul_group_quant":
+        shapes = [(1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (4, 8), (8, 4)]
+        return [_tiles.Tile(bm, gpc, w) for bm, gpc in shapes for w in (4, 8) if gpc <= triton.next_power_of_2(k // G)]
+    ng = triton.next_power_of_2(k // G)
+    one = [_tiles.Tile(bm, ng, w, True) for bm in (1, 2, 4) for w in (4, 8, 16) if bm * ng * G <= 16384]
+    two = [_tiles.Tile(bm, gpc, w, False) for bm in (1, 2, 4) for gpc in (4, 8, 16) for w in (4, 8)]
+    return one + two
+
+
+def sweep_point(case: Case, bw: float) -> dict:
+    """Our fused kernel with its default tile and with every candidate of ``sweep_tiles``."""
+    dry = DEVICE == "cpu"
+    silu = case.op == "silu_mul_group_quant"
+    chosen = _tiles.elementwise_tile(case.m, case.k // G, G) if silu else _tiles.row_tile(case.m, case.k, G)
+    default = time_graph(case.fused, case.copies, dry)
+    timed = {}
+    for tile in sweep_tiles(case.op, case.k):
+        try:
+            timed[tile] = time_graph(lambda i, t=tile: case.fused(i, t), case.copies, dry)
+        except Exception as e:  # noqa: BLE001 - a tile the compiler rejects (registers, shared memory)
+            log(f"  {tile}: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
+    best = min(timed, key=timed.get)
+    roof = case.min_bytes / bw * 1e6
+    return {
+        "op": case.op, "K": case.k, "M": case.m, "roofline_us": roof, "default_tile": chosen, "default_us": default,
+        "best_tile": best, "best_us": timed[best], "default_over_best": default / timed[best],
+        "best_over_roofline": timed[best] / roof,
+    }  # fmt: skip
+
+
+def sweep(ops, sizes_filter, ms, bw: float) -> list[dict]:
+    rows = []
+    for op in ops:
+        for k in sizes_of(op):
+            if sizes_filter and k not in sizes_filter:
+                continue
+            w = torch.randn(k, device=DEVICE, dtype=torch.bfloat16)
+            for m in ms:
+                case = Case(op, k, m, w)
+                row = sweep_point(case, bw)
+                rows.append(row)
+                log(f"{op} K={k} M={m}: default {row['default_tile']} {row['default_us']:.1f} us; "
+                    f"best {row['best_tile']} {row['best_us']:.1f} us "
+                    f"({row['best_over_roofline']:.2f}x roofline)")  # fmt: skip
+                del case
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def report(rows: list[dict], out_dir: str, bw: float) -> None:
+    cols = ["op", "K", "M", "fused_us", "unfused_us", "inductor_us", "roofline_us", "fused_over_roofline",
+            "fused_over_best_peer"]  # fmt: skip
+    table = []
+    for r in rows:
+        flag = ""
+        if r["M"] >= 2048 and r["fused_over_roofline"] > ROOFLINE_TARGET:
+            flag += " ROOF"
+        if r["fused_over_best_peer"] > PEER_TARGET:
+            flag += " PEER"
+        table.append([r[c] for c in cols] + [flag.strip()])
+    print(tabulate(table, headers=[*cols, "misses"], floatfmt=".2f"))
+    print()
+    _summary("M >= 2048: fused / roofline", [r for r in rows if r["M"] >= 2048], "fused_over_roofline", ROOFLINE_TARGET)
+    _summary("all M: fused / best peer", rows, "fused_over_best_peer", PEER_TARGET)
+    print(
+        f"copy bandwidth {bw / 1e12:.2f} TB/s; {device_name()}; torch {torch.__version__}; Triton {triton.__version__}"
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "kernels.csv")
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+    plot(rows, os.path.join(out_dir, "kernels.png"))
+
+
+def _summary(title: str, rows: list[dict], key: str, target: float) -> None:
+    if not rows:
+        return
+    worst = max(rows, key=lambda r: r[key])
+    misses = sum(r[key] > target for r in rows)
+    print(f"{title}: worst {worst[key]:.2f}x at {worst['op']} K={worst['K']} M={worst['M']} (target <= {target}); "
+          f"{misses} of {len(rows)} points miss")  # fmt: skip
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not importable: no PNG (pip install matplotlib)")
+        return
+    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
+    ms = sorted({r["M"] for r in rows})
+    fig, axes = plt.subplots(len(ops), len(ms), figsize=(3.2 * len(ms), 3.0 * len(ops)), squeeze=False)
+    for i, op in enumerate(ops):
+        for j, m in enumerate(ms):
+            ax = axes[i][j]
+            pts = sorted((r for r in rows if r["op"] == op and r["M"] == m), key=lambda r: r["K"])
+            xs = range(len(pts))
+            for key, label in (("fused", "fused"), ("unfused", "unfused pair"), ("inductor", "Inductor")):
+                ax.plot(xs, [r[f"{key}_over_roofline"] for r in pts], marker="o", label=label)
+            ax.axhline(ROOFLINE_TARGET, color="grey", linestyle="--", linewidth=0.8)
+            ax.set_xticks(list(xs), [str(r["K"]) for r in pts], rotation=90, fontsize=6)
+            ax.set_yscale("log")
+            ax.set_title(f"{op.replace('_group_quant', '+q')} M={m}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("time / roofline")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="K 4096, 5120 (norms), 12288, 25600 (silu); M 1, 2048, 8192")
+    p.add_argument("--ops", help=f"comma-separated subset of {', '.join(OPS)}")
+    p.add_argument("--sizes", help="comma-separated K (norms: hidden; silu: intermediate per GPU)")
+    p.add_argument("--ms", help="comma-separated M (default 8192,2048,256,64,16,1)")
+    p.add_argument("--sweep", action="store_true", help="time tile candidates of the fused kernels instead")
+    p.add_argument("--no-inductor", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for kernels.csv / kernels.png")
+    p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, tiny shapes (no real timing)")
+    args = p.parse_args(argv)
+    global DEVICE, MODELS
+    DEVICE = "cpu" if args.dry_run else "cuda"
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/kernels.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    ops = args.ops.split(",") if args.ops else list(OPS)
+    unknown = set(ops) - set(OPS)
+    if unknown:
+        p.error(f"unknown ops {sorted(unknown)}; known: {', '.join(OPS)}")
+    sizes = {int(v) for v in args.sizes.split(",")} if args.sizes else set()
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else list(MS)
+    if args.quick:
+        sizes = sizes or {4096, 5120, 12288, 25600}
+        ms = [8192, 2048, 1] if not args.ms else ms
+    if args.sweep and not args.ms:
+        ms = [8192, 2048]
+    if args.dry_run:
+        MODELS = {"tiny": (256, 384)}
+        ms, sizes = [5, 1], set()
+    bw = copy_bandwidth(args.dry_run)
+    log(f"{device_name()}; torch {torch.__version__}, Triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    t0 = time.time()
+    if args.sweep:
+        rows = sweep(ops, sizes, ms, bw)
+        print(tabulate([list(r.values()) for r in rows], headers=list(rows[0]), floatfmt=".2f"))
+    else:
+        rows = run(ops, sizes, ms, bw, with_inductor=not args.no_inductor)
+        report(rows, args.out, bw)
+    log(f"{len(rows)} points in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
