@@ -20,7 +20,7 @@ import torch
 
 from fp8_fusion_pass.models import build_model, example_inputs
 from fp8_fusion_pass.models.presets import PRESETS, get_preset
-from fp8_fusion_pass.models.tp import TPShardError, shard_column, shard_row, tensor_parallel, tp_shapes
+from fp8_fusion_pass.models.tp import TPShardError, all_reduce, shard_column, shard_row, tensor_parallel, tp_shapes
 from fp8_fusion_pass.models.tp_graph import CollectiveAudit
 from tolerances import MODEL_PASS_VS_NO_PASS_REL_ERR
 
@@ -212,16 +212,14 @@ def test_audit_passes_a_clean_graph_and_catches_broken_passes():
 # ---------------------------------------------------------------- 2 ranks over gloo, compiled, with the pass
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
+def _launch(out, device: str = "cpu") -> list[dict]:
     """Run tp_worker.py as 2 processes (FileStore rendezvous: no port to pick); their results per rank."""
-    out = tmp_path_factory.mktemp("tp2")
     env = dict(os.environ, PYTHONPATH=os.path.abspath(ROOT), TORCHINDUCTOR_FX_GRAPH_CACHE="0",
                TORCHINDUCTOR_AUTOGRAD_CACHE="0", OMP_NUM_THREADS="1")
     worker = os.path.join(os.path.dirname(__file__), "tp_worker.py")
     procs = [subprocess.Popen([sys.executable, worker, "--rank", str(r), "--world", "2", "--store",
-                               str(out / "store"), "--out", str(out)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+                               str(out / "store"), "--out", str(out), "--device", device], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     deadline, logs = time.monotonic() + WORKER_TIMEOUT_S, []
     try:
         for p in procs:
@@ -229,19 +227,22 @@ def two_ranks(tmp_path_factory):
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        pytest.fail(f"2-rank gloo run did not finish in {WORKER_TIMEOUT_S} s (a hung collective?)")
+        pytest.fail(f"2-rank {device} run did not finish in {WORKER_TIMEOUT_S} s (a hung collective?)")
     for r, (p, log) in enumerate(zip(procs, logs)):
         print(log)  # each rank's own report lines ("[rank r] fp8_fusion_pass graph ...")
         assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return _launch(tmp_path_factory.mktemp("tp2"))
+
+
 LAYERS = 2  # tp_worker's default
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_each_rank_fuses_like_the_unsharded_model(two_ranks, rank):
-    res = two_ranks[rank]
+def check_counts(res: dict) -> None:
     assert len(res["counts"]) == 1, "one graph (fullgraph=True), one report"
     counts = res["counts"][0]
     # 2L norm sites: layer 0's input norm plain, the other 2L-1 after a residual add (3 of them after an
@@ -251,9 +252,8 @@ def test_each_rank_fuses_like_the_unsharded_model(two_ranks, rank):
     assert counts["errors"] == 0
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_nothing_is_fused_across_a_collective(two_ranks, rank):
-    on, off = two_ranks[rank]["audit_on"], two_ranks[rank]["audit_off"]
+def check_collectives(res: dict) -> None:
+    on, off = res["audit_on"], res["audit_off"]
     assert len(on) == len(off) == 1
     on, off = on[0], off[0]
     assert on["violations"] == [] and off["violations"] == []
@@ -269,9 +269,8 @@ def test_nothing_is_fused_across_a_collective(two_ranks, rank):
     assert sum(f[0] == "rms_norm_group_quant" for f in fused) == 1
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_logits_match_the_unsharded_model(two_ranks, rank):
-    logits = two_ranks[rank]["logits"]
+def check_logits(res: dict) -> None:
+    logits = res["logits"]
     ref = logits["reference"]
     for variant in ("eager", "compiled", "compiled+pass"):
         err = rel_err(logits[variant], ref)
@@ -280,7 +279,96 @@ def test_logits_match_the_unsharded_model(two_ranks, rank):
     assert rel_err(logits["compiled+pass"], logits["compiled"]) < MODEL_PASS_VS_NO_PASS_REL_ERR
 
 
-def test_ranks_agree_exactly(two_ranks):
+def check_ranks_agree(results: list[dict]) -> None:
     # After each all-reduce every rank holds the same sum, so replicated logits must be bitwise equal.
-    for variant, t in two_ranks[0]["logits"].items():
-        assert torch.equal(t, two_ranks[1]["logits"][variant]), variant
+    for variant, t in results[0]["logits"].items():
+        assert torch.equal(t, results[1]["logits"][variant]), variant
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_fuses_like_the_unsharded_model(two_ranks, rank):
+    check_counts(two_ranks[rank])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_nothing_is_fused_across_a_collective(two_ranks, rank):
+    check_collectives(two_ranks[rank])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_logits_match_the_unsharded_model(two_ranks, rank):
+    check_logits(two_ranks[rank])
+
+
+def test_ranks_agree_exactly(two_ranks):
+    check_ranks_agree(two_ranks)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2)")
+def test_two_gpus_nccl(tmp_path):
+    """The same checks on 2 GPUs over NCCL with the device's kernels (multicast off, see tp_worker.py)."""
+    results = _launch(tmp_path, "cuda")
+    for res in results:
+        check_counts(res)
+        check_collectives(res)
+        check_logits(res)
+    check_ranks_agree(results)
+
+
+# ---------------------------------------------------------------- a collective between norm and quant: no fusion
+
+
+@pytest.fixture(scope="module")
+def world_of_one(tmp_path_factory):
+    """A 1-rank gloo group in this process: the collectives are real graph nodes, their sums the identity."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    store = tmp_path_factory.mktemp("world1") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield dist.group.WORLD.group_name
+    dist.destroy_process_group()
+
+
+class _NormThenLinear(torch.nn.Module):
+    """rms_norm -> [collective] -> block-FP8 linear: the attention-DP / sequence-parallel shape of the seed's
+    review, where the norm's output is gathered or reduced before the GEMM reads it."""
+
+    def __init__(self, linear, collective, group_name: str):
+        super().__init__()
+        self.linear, self.collective, self.group_name = linear, collective, group_name
+        self.w = torch.nn.Parameter(torch.ones(linear.in_features, dtype=torch.bfloat16), requires_grad=False)
+
+    def forward(self, x):
+        h = torch.ops.fp8_fusion.rms_norm(x, self.w, 1e-6)
+        if self.collective == "all_reduce":
+            h = all_reduce(h, self.group_name)
+        elif self.collective == "all_gather":
+            h = torch.ops._c10d_functional.wait_tensor(
+                torch.ops._c10d_functional.all_gather_into_tensor(h, 1, self.group_name))
+        return self.linear(h)
+
+
+@pytest.mark.parametrize("collective,fused", [(None, 1), ("all_reduce", 0), ("all_gather", 0)])
+def test_norm_is_not_fused_with_a_quant_across_a_collective(world_of_one, tiny, collective, fused):
+    from fp8_fusion_pass import report
+    from fp8_fusion_pass.fusion_pass import FP8FusionPass
+
+    module = _NormThenLinear(tiny.model.layers[0].mlp.gate_up_proj, collective, world_of_one)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    audit = CollectiveAudit(FP8FusionPass())
+    torch._dynamo.reset()
+    report.clear_reports()
+    out = torch.compile(module, fullgraph=True, options={"post_grad_custom_post_pass": audit})(x)
+    rep = report.last_report()
+    counts = rep.counts()
+    assert counts.get("norm_quant", 0) == fused, counts  # without the collective the same graph fuses
+    if collective:  # and the report says why: the norm's consumer is the collective, not a quant
+        assert [d.reason for d in rep.rejected if d.pattern == "norm_quant" and "_c10d_functional" in d.detail] == [
+            "no_quant_consumer"], rep.render()
+    assert audit.audits[0].violations == []
+    assert audit.audits[0].waits == (collective is not None)
+    assert audit.audits[0].all_reduces == (collective == "all_reduce")
+    assert rel_err(out, module(x)) < MODEL_PASS_VS_NO_PASS_REL_ERR
