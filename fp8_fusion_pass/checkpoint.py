@@ -30,8 +30,8 @@ REQUIRED_QUANT_FIELDS = ("quant_method", "weight_block_size", "activation_scheme
 
 
 def _quant_config(raw: dict, where: Path) -> dict:
-    qc = raw.get("quantization_config")
-    if not isinstance(qc, dict):
+    qc = raw.get("quantization_config") or {}
+    if not qc:
         raise ValueError(f"{where}: no quantization_config; expected a block-FP8 checkpoint "
                          "(quant_method fp8, weight_block_size [128, 128], activation_scheme dynamic)")
     missing = [f for f in REQUIRED_QUANT_FIELDS if f not in qc]
@@ -60,7 +60,8 @@ def _tensor_index(path: Path) -> tuple[dict[str, Path], dict[str, str]]:
     index, dtypes = {}, {}
     for f in files:
         with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
+            names = st.keys()  # safe_open handles are not iterable
+            for k in names:
                 index[k], dtypes[k] = f, st.get_slice(k).get_dtype()
     return index, dtypes
 
@@ -144,7 +145,7 @@ def load_fp8_checkpoint(
 
     Never contacts the hub. The conversion summary is attached as ``model.quantize_summary``.
     """
-    from .models.build import FORMS, _rebuild_rotary, family_of_model_type, hf_on_meta, _transformers_class
+    from .models.build import FORMS, _rebuild_rotary, _transformers_class, family_of_model_type, hf_on_meta
 
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")

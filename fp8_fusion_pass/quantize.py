@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -98,14 +98,14 @@ class BlockFP8Linear(_FP8Module):
         return -(-self.out_features // BLOCK[0]), -(-self.in_features // BLOCK[1])
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 128, block_size=BLOCK) -> "BlockFP8Linear":
+    def from_linear(cls, linear: nn.Linear, group_size: int = 128, block_size=BLOCK) -> BlockFP8Linear:
         def quantize(w, a):
             return reference.quantize_weight_blockwise(w, tuple(block_size), a.fp8_dtype, a.fp8_max)
 
         return cls._quantized(linear, quantize, group_size=group_size)
 
     @classmethod
-    def from_fp8_linear(cls, linear: nn.Linear, group_size: int = 128) -> "BlockFP8Linear":
+    def from_fp8_linear(cls, linear: nn.Linear, group_size: int = 128) -> BlockFP8Linear:
         """Adopt the tensors of an already block-quantized linear (transformers' ``FP8Linear``): no requantization;
         e4m3fn weights are re-encoded for a fnuz device; the bias becomes bf16 (FP8Linear keeps it in fp32)."""
         w, s = linear.weight.detach(), linear.weight_scale_inv.detach().to(torch.float32)
@@ -144,7 +144,7 @@ class PerTensorFP8Linear(_FP8Module):
         return (1,)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "PerTensorFP8Linear":
+    def from_linear(cls, linear: nn.Linear) -> PerTensorFP8Linear:
         return cls._quantized(linear, lambda w, a: reference.per_tensor_quant(w, a.fp8_dtype, a.fp8_max))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -169,7 +169,7 @@ class QuantizeSummary:
     converted: list[str] = dataclasses.field(default_factory=list)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> reason
 
-    def merge(self, other: "QuantizeSummary", prefix: str = "") -> "QuantizeSummary":
+    def merge(self, other: QuantizeSummary, prefix: str = "") -> QuantizeSummary:
         self.converted += [prefix + n for n in other.converted]
         self.skipped.update({prefix + n: r for n, r in other.skipped.items()})
         return self

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .build import build_model, example_inputs
 from .presets import PRESETS, TINY, get_preset
 
-__all__ = ["PRESETS", "TINY", "build_model", "engine_from_hf", "example_inputs", "get_preset", "KVCache"]
+__all__ = ["PRESETS", "TINY", "KVCache", "build_model", "engine_from_hf", "example_inputs", "get_preset"]
 
 
 def __getattr__(name: str):

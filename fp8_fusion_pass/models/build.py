@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

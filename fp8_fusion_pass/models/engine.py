@@ -85,7 +85,9 @@ class Attention(nn.Module):
         k = _rope(k.transpose(1, 2), cos, sin)
         v = v.view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if cache_kv is None:
-            causal = True if s > 1 else False  # a plain bool: SDPA rejects the SymBool of dynamic shapes
+            causal = False  # a plain bool: under dynamic shapes `s > 1` is a SymBool, which SDPA rejects
+            if s > 1:
+                causal = True
             o = F.scaled_dot_product_attention(q, k, v, scale=self.scaling, is_causal=causal,
                                                enable_gqa=self.num_heads != self.num_kv_heads)
         else:
