@@ -47,7 +47,9 @@ CHANNEL_LOG_STD = 0.5
 
 @contextlib.contextmanager
 def hub_offline() -> Iterator[None]:
-    """Make any hub download attempt by transformers / huggingface_hub fail fast instead of reaching out."""
+    """Belt and braces around transformers calls: the guarantee is that we never call a hub API (no
+    ``from_pretrained``, no ``kernelize``); the env vars make a hub call fail fast should one slip in, for a
+    huggingface_hub imported after this point (it reads them once, at import)."""
     keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update({k: "1" for k in keys})

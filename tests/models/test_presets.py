@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 
@@ -91,3 +93,13 @@ def test_example_inputs():
     engine = build_model("qwen3-tiny", form="engine", scheme="bf16")
     ids2, pos = example_inputs(engine, batch=3, seq=5)
     assert torch.equal(ids, ids2) and pos.tolist() == [list(range(5))] * 3
+
+
+def test_building_never_touches_the_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("build_model tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    for form in ("hf", "engine"):
+        build_model("mistral-tiny", form=form, scheme="block", layers=1)
