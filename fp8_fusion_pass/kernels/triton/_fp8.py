@@ -121,7 +121,8 @@ def cast_fp8(
     EMULATE_CAST: tl.constexpr,
 ):
     """clamp(v, +-FP8_MAX) cast to fp8 with round-to-nearest-even; NaN stays NaN (propagating clamp)."""
-    v = tl.clamp(v, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    # max/min with NaN propagation (max.NaN / min.NaN on sm80+), the same ops as the amax reduction.
+    v = tl.minimum(max_nan(v, -FP8_MAX), FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     if EMULATE_CAST:
         return _emulated_fp8_code(v, FP8_MIN_EXP, FNUZ).to(out_dtype, bitcast=True)
     return v.to(out_dtype)
