@@ -1,9 +1,11 @@
 """Numerics verification: the same model compiled with and without FP8FusionPass, on fresh and adversarial inputs.
 
 Both compiles are full Inductor compiles of the same module object (Dynamo reset in between); every case runs
-through both and each floating output is compared against the contract:
+through both, and through the eager model, and each floating output is checked against the contract:
 
-  * relative L2 error ``||with - without|| / ||without||`` over positions finite in both, <= ``REL_L2_BOUND``;
+  * relative L2 error ``||with - without|| / ||without||`` over positions finite in both, <= the bound:
+    ``max(REL_L2_BOUND, NOISE_FACTOR * noise)``, where noise is the same figure for the compile without the pass
+    vs eager (Inductor's own deviation on this model and input; see NOISE_FACTOR);
   * NaN, +inf and -inf land on exactly the same positions with and without the pass.
 
 Token-id models cannot take adversarial values through their inputs, so the adversarial cases perturb the input
@@ -32,9 +34,17 @@ from typing import Any, Callable, Iterator
 import torch
 
 # Logits of the same model compiled with vs without the pass: the norm fusion may flip ~2-5% of fp8 values by
-# one step (DESIGN.md numerics contract); through a few layers that stays well under 5% relative L2, while a
-# wrong scale or a dropped residual gives > 50%. Same value as tests/tolerances.py MODEL_PASS_VS_NO_PASS_REL_ERR.
+# one step (DESIGN.md numerics contract); a wrong scale or a dropped residual gives > 50%. Same value as
+# tests/tolerances.py MODEL_PASS_VS_NO_PASS_REL_ERR. It is the floor of the bound, see NOISE_FACTOR.
 REL_L2_BOUND = 0.05
+# Inductor's own compile of the *unfused* graph already moves fp8 models' logits: it keeps bf16 intermediates
+# of its fused kernels in fp32, so values next to an fp8 rounding boundary flip and the flips grow through the
+# layers. Measured on qwen3-tiny HF form, 2 layers, CPU: compiled-without-pass vs eager 0.057 / 0.057 / 0.069
+# (random-1 / random-2 / zero-rows), while the pass moved it 0.053 / 0.054 / 0.068 from the compile without
+# it and 0.040 / 0.036 / 0.047 from eager (the fused kernels keep HF's bf16 rounding). So the bound for each
+# output is max(REL_L2_BOUND, NOISE_FACTOR x that compile noise): the pass may add as much again as Inductor
+# does, with margin (independent flips add in quadrature, 1.4x). Engine-form models measure noise 0.
+NOISE_FACTOR = 2.0
 
 
 @dataclasses.dataclass
@@ -49,6 +59,7 @@ class OutputCheck:
     nonfinite_with: int
     positions_agree: bool
     bound: float
+    noise: float | None = None  # rel L2 of the compile without the pass vs eager: Inductor's own deviation
 
     @property
     def ok(self) -> bool:
@@ -254,13 +265,18 @@ def run_cases(compiled: Callable, model: torch.nn.Module, inputs: Any, cases=CAS
     return results
 
 
-def check(without: dict, with_pass: dict, bound: float = REL_L2_BOUND) -> list[OutputCheck]:
+def check(without: dict, with_pass: dict, bound: float = REL_L2_BOUND, eager: dict | None = None,
+          noise_factor: float = NOISE_FACTOR) -> list[OutputCheck]:
+    """One OutputCheck per case and output; with ``eager`` outputs, each bound widens to the compile noise."""
     checks = []
     for case, outs in without.items():
         if outs is None:
             continue
-        for (name, a), (_, b) in zip(outs, with_pass[case]):
-            checks.append(compare(case, name, a, b, bound))
+        eager_outs = eager[case] if eager is not None else [(n, None) for n, _ in outs]
+        for (name, a), (_, b), (_, e) in zip(outs, with_pass[case], eager_outs):
+            noise = compare(case, name, e, a, bound).rel_l2 if e is not None else None
+            widened = max(bound, noise_factor * noise) if noise is not None and math.isfinite(noise) else bound
+            checks.append(dataclasses.replace(compare(case, name, a, b, widened), noise=noise))
     return checks
 
 
@@ -268,10 +284,11 @@ def render(checks: list[OutputCheck]) -> str:
     from tabulate import tabulate
 
     rows = [
-        (c.case, c.output, f"{c.rel_l2:.2e}", f"{c.bound:g}", f"{c.max_abs:.3g}", f"{c.finite}/{c.total}",
-         f"{c.nonfinite_without} / {c.nonfinite_with}", "yes" if c.positions_agree else "NO",
-         "ok" if c.ok else "BROKEN")
+        (c.case, c.output, f"{c.rel_l2:.2e}", "-" if c.noise is None else f"{c.noise:.2e}", f"{c.bound:.3g}",
+         f"{c.max_abs:.3g}", f"{c.finite}/{c.total}", f"{c.nonfinite_without} / {c.nonfinite_with}",
+         "yes" if c.positions_agree else "NO", "ok" if c.ok else "BROKEN")
         for c in checks
     ]
-    headers = ["case", "output", "rel L2", "bound", "max |diff|", "finite", "NaN/inf w/o / with", "same pos", "verdict"]
+    headers = ["case", "output", "rel L2", "noise", "bound", "max |diff|", "finite", "NaN/inf w/o / with",
+               "same pos", "verdict"]
     return tabulate(rows, headers=headers, disable_numparse=True)

@@ -171,8 +171,27 @@ def test_compare_flags_moved_nan_and_large_error():
     assert off.positions_agree and off.rel_l2 == pytest.approx(0.1, rel=1e-6) and not off.ok
 
 
+def test_bound_widens_to_the_compile_noise_measured_against_eager():
+    eager = torch.linspace(1, 2, 64)
+    without = eager * 1.06  # Inductor's own compile: 6% off eager
+    with_pass = without * 1.08  # the pass: 8% off the compile without it
+    outs = {"random-1": [("logits", without)]}
+    plain = verify.check(outs, {"random-1": [("logits", with_pass)]}, 0.05)
+    assert not plain[0].ok and plain[0].noise is None and plain[0].bound == 0.05
+    widened = verify.check(outs, {"random-1": [("logits", with_pass)]}, 0.05, eager={"random-1": [("logits", eager)]})
+    assert widened[0].noise == pytest.approx(0.06, rel=1e-4)  # ||without - eager|| / ||eager||
+    assert widened[0].bound == pytest.approx(verify.NOISE_FACTOR * widened[0].noise) and widened[0].ok
+    worse = verify.check(outs, {"random-1": [("logits", without * 1.2)]}, 0.05, eager={"random-1": [("logits", eager)]})
+    assert not worse[0].ok, "20% off is beyond twice a 6% compile noise"
+
+
+class _Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
 def test_verify_exits_1_when_the_contract_is_broken(monkeypatch, capsys):
-    model = torch.nn.Linear(4, 4)
+    model = _Double()
     inputs = (torch.randn(2, 4),)
     calls = []
 
