@@ -30,6 +30,7 @@ checked without building their weights).
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import torch
 import torch.distributed as dist
@@ -72,15 +73,15 @@ def tp_shapes(config, tp: int, block: int | None = BLOCK) -> list[ShardShape]:
     asks for even splits. Raises ``TPShardError`` naming the projection and sizes when a split is impossible.
     """
     if isinstance(config, dict):
-        config = type("Cfg", (), dict(config))
+        config = types.SimpleNamespace(**{"head_dim": None, **config})
     if not isinstance(tp, int) or tp < 1:
         raise TPShardError(f"tensor-parallel size must be a positive int, got {tp!r}")
     heads, kv_heads, hd = config.num_attention_heads, config.num_key_value_heads, _head_dim(config)
     hidden, inter = config.hidden_size, config.intermediate_size
-    for what, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+    for what, count, why in (("num_attention_heads", heads, ""),
+                             ("num_key_value_heads", kv_heads, " (kv heads are split, never replicated)")):
         if count % tp:
-            raise TPShardError(
-                f"self_attn: {what}={count} is not divisible by tp={tp} (kv heads are split, never replicated)")
+            raise TPShardError(f"self_attn: {what}={count} is not divisible by tp={tp}{why}")
     shapes = [
         ShardShape("self_attn.qkv_proj", "column", (heads + 2 * kv_heads) * hd, hidden,
                    (heads * hd, kv_heads * hd, kv_heads * hd), ("q", "k", "v")),
@@ -114,18 +115,11 @@ def _block_of(lin: nn.Module) -> int | None:
 
 
 def _rows(t: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
-    # Concatenate row ranges; fp8 goes through uint8, since not every torch build implements cat for float8 on CPU.
-    is_fp8 = t.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-    src = t.view(torch.uint8) if is_fp8 else t
-    out = torch.cat([src[a:b] for a, b in spans]).contiguous()
-    return out.view(t.dtype) if is_fp8 else out
+    return torch.cat([t[a:b] for a, b in spans]).contiguous()
 
 
 def _cols(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
-    is_fp8 = t.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-    src = t.view(torch.uint8) if is_fp8 else t
-    out = src[:, a:b].contiguous()
-    return out.view(t.dtype) if is_fp8 else out
+    return t[:, a:b].contiguous()
 
 
 def _new_like(lin: nn.Module, n: int, k: int, bias: bool) -> nn.Module:
