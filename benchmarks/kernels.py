@@ -205,12 +205,19 @@ def run(ops, sizes_filter, ms, bw: float, with_inductor: bool) -> list[dict]:
 
 def sweep_tiles(op: str, k: int) -> list[_tiles.Tile]:
     """Tile candidates of our fused kernel for ``--sweep`` (what ``_tiles`` chooses between, and around it)."""
+    Tile = _tiles.Tile
+    n_groups = k // G
     if op == "silu_mul_group_quant":
         shapes = [(1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (4, 8), (8, 4)]
-        return [_tiles.Tile(bm, gpc, w) for bm, gpc in shapes for w in (4, 8) if gpc <= triton.next_power_of_2(k // G)]
-    ng = triton.next_power_of_2(k // G)
-    one = [_tiles.Tile(bm, ng, w, True) for bm in (1, 2, 4) for w in (4, 8, 16) if bm * ng * G <= 16384]
-    two = [_tiles.Tile(bm, gpc, w, False) for bm in (1, 2, 4) for gpc in (4, 8, 16) for w in (4, 8)]
+        return [Tile(bm, gpc, w) for bm, gpc in shapes for w in (4, 8) if gpc <= triton.next_power_of_2(n_groups)]
+    main = 1 << (n_groups.bit_length() - 1)
+    tail = n_groups - main
+    one = []
+    if tail == 0 or tail & (tail - 1) == 0:  # registers: one tile, or a main + tail tile (5120 = 32 + 8 groups)
+        one += [Tile(bm, main, w, True, tail) for bm in (1, 2, 4, 8) for w in (4, 8, 16) if bm * k <= 32768]
+    if tail:  # registers, padded to a power of two (aiter's way: dead lanes)
+        one += [Tile(bm, triton.next_power_of_2(n_groups), w, True) for bm in (1, 2) for w in (8, 16)]
+    two = [Tile(bm, gpc, w, False) for bm in (1, 2, 4) for gpc in (4, 8, 16) for w in (4, 8)]  # L2 re-read
     return one + two
 
 

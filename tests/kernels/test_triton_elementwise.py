@@ -413,13 +413,12 @@ def test_gpu_tile_choices(monkeypatch):
     for k in HIDDEN + (8192,):
         for m in (1, 16, 256, 2048, 8192):
             t = _gpu_tiles(monkeypatch, _tiles.row_tile, m, k, 128)
-            assert t.one_pass == (k != 5120), (k, t)  # every hidden size but 5120 is a power of two <= 8192
-            if t.one_pass:
-                assert t.gpc * 128 == k and t.block_m * k <= _tiles.TILE * max(1, k // _tiles.TILE), (k, m, t)
-            else:
-                assert k % (t.gpc * 128) == 0, "two-pass chunks divide 5120 exactly: no masked lanes"
-            if m >= 2048:
-                assert triton.cdiv(m, t.block_m) >= _tiles.TARGET_PROGRAMS
+            # every listed hidden size stays in registers: 2^a groups, or 2^a + 2^b (5120 = 32 + 8 groups)
+            assert t.one_pass and (t.gpc + t.tail) * 128 == k and t.tail in (0, 8), (k, m, t)
+            if m >= 2048:  # >= 2 rows per program (w re-read), and the grid still covers the GPU
+                assert t.block_m >= _tiles.MIN_ROWS and triton.cdiv(m, t.block_m) >= _tiles.TARGET_PROGRAMS, t
+    t = _gpu_tiles(monkeypatch, _tiles.row_tile, 8192, 7168, 128)  # 56 groups = 32 + 16 + 8: the two-pass loop
+    assert not t.one_pass and 7168 % (t.gpc * 128) == 0, t
     for n in (3072, 3200, 5120, 12288, 14336, 25600, 28672):
         for m in (1, 16, 8192):
             t = _gpu_tiles(monkeypatch, _tiles.elementwise_tile, m, n // 128, 128)
@@ -430,7 +429,7 @@ def test_gpu_tile_choices(monkeypatch):
 
 
 @cpu_only
-@pytest.mark.parametrize("k,m", [(5120, 5), (4096, 3), (1024, 9)])
+@pytest.mark.parametrize("k,m", [(5120, 5), (4096, 3), (1024, 9), (7168, 3)])
 def test_gpu_tiles_give_the_same_bits(monkeypatch, k, m):
     """The GPU tiles (2-D grids, the two-pass loop, masked rows) against the reference, through the interpreter."""
     x, w, r = _randn(m, k, seed=20), _randn(k, seed=21), _randn(m, k, seed=22)

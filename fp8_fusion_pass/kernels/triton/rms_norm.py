@@ -10,7 +10,7 @@ Numerics (``reference.rms_norm``, HF ``Qwen3RMSNorm``):
   rstd = 1 / sqrt(sum(s^2) / K + eps)                   (fp32; correctly rounded division and sqrt)
   y    = w * (s * rstd rounded to x.dtype)              (rounded to promote(x.dtype, w.dtype), as torch does)
 then ``group_quant_tile(y)`` in the fused variants. Each program owns BLOCK_M whole rows and reads x (and the
-residual) once from HBM: a one-pass tile keeps the rows in registers; the two-pass loop re-reads them from L2.
+residual) once from HBM: one-pass tiles keep the rows in registers; the two-pass loop re-reads them from L2.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def _rms_norm_kernel(
     M, K, stride_x, stride_r,
     eps,  # pinned to fp32 below (STYLE.md: Inductor-generated calls pass fp64 scalars; Python floats are fp32)
     G: tl.constexpr,  # quant group (fused) or column block (unfused): the last tile axis
-    GPC: tl.constexpr,  # groups per step; ONE_PASS: the whole row (a power of two >= cdiv(K, G))
+    GPC: tl.constexpr,  # groups per step; ONE_PASS: groups of the first tile (all of them when TAIL = 0)
+    TAIL: tl.constexpr,  # ONE_PASS: groups of a second tile after the first (K = 5120: 32 + 8); 0 = none
     BLOCK_M: tl.constexpr,  # rows per program; grid (cdiv(M, BLOCK_M),)
     ONE_PASS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr,
     PROD_DTYPE: tl.constexpr,  # promote(x.dtype, w.dtype): the dtype of HF's ``weight * normed``
@@ -88,12 +89,20 @@ def _rms_norm_kernel(
     rows = rows.to(tl.int64)  # M * K overflows int32 at prefill sizes (65536 x 32768)
     NG = tl.cdiv(K, G)
     eps = tl.cast(eps, tl.float32)
-    if ONE_PASS:
+    if ONE_PASS:  # the row stays in registers: one tile of GPC groups (+ one of TAIL groups)
         xf, mask, cols = _load_chunk(x_ptr, r_ptr, res_out_ptr, rows, row_ok, 0, K, stride_x, stride_r,
                                      HAS_RESIDUAL, True, "evict_first", GPC, G, EMULATE_CAST)
-        rstd = _rstd(tl.sum(tl.sum(xf * xf, 2), 1), K, eps)
+        sum_sq = tl.sum(tl.sum(xf * xf, 2), 1)
+        if TAIL > 0:
+            xt, mask_t, cols_t = _load_chunk(x_ptr, r_ptr, res_out_ptr, rows, row_ok, GPC, K, stride_x, stride_r,
+                                             HAS_RESIDUAL, True, "evict_first", TAIL, G, EMULATE_CAST)
+            sum_sq += tl.sum(tl.sum(xt * xt, 2), 1)
+        rstd = _rstd(sum_sq, K, eps)
         _normalize_store(xf, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, mask, cols, 0, K, NG,
                          PROD_DTYPE, QUANT, GPC, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+        if TAIL > 0:
+            _normalize_store(xt, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, mask_t, cols_t, GPC, K, NG,
+                             PROD_DTYPE, QUANT, TAIL, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
     else:
         # Pass 1 reads HBM and keeps the rows in L2 (evict_last); pass 2 re-reads them from there.
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -138,7 +147,8 @@ def launch(
         prod = _tiles.TL_DTYPES[torch.promote_types(x.dtype, w.dtype)]
         _rms_norm_kernel[(triton.cdiv(m, tile.block_m),)](
             x2, r2, w, y, res_out, q, scale, m, k, x2.stride(0), r2.stride(0), eps,
-            G=g, ONE_PASS=tile.one_pass, HAS_RESIDUAL=residual is not None, QUANT=quant, PROD_DTYPE=prod,
+            G=g, ONE_PASS=tile.one_pass, TAIL=tile.tail, HAS_RESIDUAL=residual is not None, QUANT=quant,
+            PROD_DTYPE=prod,
             **fp8_constexprs(dev), **tile.as_kwargs(),
         )  # fmt: skip
     out = (q.view(x.shape), scale.view(*x.shape[:-1], k // g)) if quant else y.view(x.shape)
