@@ -2,8 +2,9 @@
 
     # 2 GPUs (one process per GPU, spawned here: no torchrun needed), both presets, batches 1 8 32 64:
     PYTHONPATH=. python benchmarks/decode_tp.py --tp 2 --presets qwen3-8b,qwen3-32b --batches 1,8,32,64
-    # 1 GPU: the same harness, unsharded model, no process group:
-    PYTHONPATH=. python benchmarks/decode_tp.py --tp 1 --presets qwen3-8b,qwen3-32b
+    # 1 GPU: the same harness, unsharded model, no process group (--group: a 1-rank NCCL group and the TP model,
+    # which checks the functional all-reduce under CUDA graphs on one GPU):
+    PYTHONPATH=. python benchmarks/decode_tp.py --tp 1 --presets qwen3-8b,qwen3-32b [--group]
     # CPU smoke test of the whole script (gloo, tiny preset, wall clock, no CUDA graphs; numbers mean nothing):
     PYTHONPATH=. python benchmarks/decode_tp.py --dry-run --tp 2 --presets qwen3-tiny --batches 1 --steps 2
 
@@ -99,7 +100,8 @@ def run_rank(rank: int, world: int, args, store: str | None) -> None:
     device = torch.device("cpu") if dry else torch.device("cuda", rank)
     if not dry:
         torch.cuda.set_device(device)
-    if world > 1:
+    grouped = world > 1 or args.group
+    if grouped:
         dist.init_process_group("gloo" if dry else "nccl", init_method=f"file://{store}", rank=rank,
                                world_size=world)
         warm = torch.ones(1, device=device)
@@ -116,7 +118,7 @@ def run_rank(rank: int, world: int, args, store: str | None) -> None:
             log(rank, f"{preset}: building {layers} layers on {device}")
             model = build_model(preset, form="engine", scheme="block", layers=layers, device=device, seed=0)
             try:
-                model = tensor_parallel(model) if world > 1 else model
+                model = tensor_parallel(model) if grouped else model
             except TPShardError as e:
                 rows.append(dict(preset=preset, layers=layers, batch="-", skipped=f"refused: {e}"))
                 continue
@@ -125,7 +127,7 @@ def run_rank(rank: int, world: int, args, store: str | None) -> None:
             wbytes = weight_bytes(model)
             for batch in args.batches:
                 go = [time.monotonic() - start + last_unit <= args.budget_s]
-                if world > 1:
+                if grouped:
                     dist.broadcast_object_list(go, src=0)  # every rank takes the same decision
                 if not go[0]:
                     rows.append(dict(preset=preset, layers=layers, batch=batch, skipped="time budget"))
@@ -138,14 +140,14 @@ def run_rank(rank: int, world: int, args, store: str | None) -> None:
             if not dry:
                 torch.cuda.empty_cache()
         gathered = [None] * world
-        if world > 1:
+        if grouped:
             dist.all_gather_object(gathered, rows)
         else:
             gathered = [rows]
         if rank == 0:
             print_table(gathered, world, args)
     finally:
-        if world > 1:
+        if grouped:
             dist.destroy_process_group()
 
 
@@ -214,6 +216,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--budget-s", type=float, default=450.0, help="skip remaining units past this wall time")
     p.add_argument("--dry-run", action="store_true", help="CPU + gloo, wall clock, no CUDA graphs")
+    p.add_argument("--group", action="store_true",
+                   help="with --tp 1: a 1-rank process group and the TP model (o / down all-reduce over one GPU), "
+                        "to check NCCL collectives under CUDA graphs on a single GPU")
     args = p.parse_args(argv)
     args.presets = args.presets.split(",")
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -224,11 +229,12 @@ def main(argv=None) -> int:
         return 2
     print(f"torch {torch.__version__}; {'CPU dry run' if args.dry_run else torch.cuda.get_device_name()}; "
           f"tp {args.tp}; {', '.join(f'{k}={v}' for k, v in MULTICAST_OFF.items())}", flush=True)
-    if args.tp == 1:
-        run_rank(0, 1, args, None)
-        return 0
     with tempfile.TemporaryDirectory() as tmp:  # FileStore rendezvous: no port to pick, nothing left behind
-        torch.multiprocessing.spawn(run_rank, args=(args.tp, args, os.path.join(tmp, "store")), nprocs=args.tp)
+        store = os.path.join(tmp, "store")
+        if args.tp == 1:
+            run_rank(0, 1, args, store)
+        else:
+            torch.multiprocessing.spawn(run_rank, args=(args.tp, args, store), nprocs=args.tp)
     return 0
 
 
