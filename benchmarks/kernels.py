@@ -182,7 +182,9 @@ def run(ops, sizes_filter, ms, bw: float, with_inductor: bool) -> list[dict]:
     a = arch.arch_of(DEVICE)
     rows = []
     torch._dynamo.config.automatic_dynamic_shapes = False  # K static; M is marked unbacked explicitly
-    torch._dynamo.config.recompile_limit = 1024
+    for name in ("recompile_limit", "cache_size_limit"):  # one cache entry per (op, K); the name moved over time
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
     for op in ops:
         for k, label in sizes_of(op).items():
             if sizes_filter and k not in sizes_filter:
