@@ -391,6 +391,18 @@ def test_e4m3fnuz_on_simulated_gfx942():
 
 
 @cpu_only
+def test_unquantized_ops_take_any_width():
+    """rms_norm / add_rms_norm / silu_and_mul have no group: widths that are not a multiple of 128 are masked."""
+    x, r, w = _randn(5, 200, seed=14), _randn(5, 200, seed=15), _randn(200, seed=16)
+    _assert_activation_close(_with_triton(OPS.rms_norm, x, w, EPS), ref.rms_norm(x, w, EPS), "rms_norm K=200")
+    y, res = _with_triton(OPS.add_rms_norm, x, r, w, EPS)
+    y_ref, res_ref = ref.add_rms_norm(x, r, w, EPS)
+    _assert_activation_close(y, y_ref, "add_rms_norm K=200")
+    _assert_exact(res, res_ref, "add_rms_norm K=200 residual_out")
+    _assert_activation_close(_with_triton(OPS.silu_and_mul, x), ref.silu_and_mul(x), "silu_and_mul I=100")
+
+
+@cpu_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_fp16_and_fp32_activations(dtype):
     x, w = _randn(5, 1024, seed=10, dtype=dtype), _randn(1024, seed=11, dtype=dtype)
