@@ -233,10 +233,12 @@ class _Run:
             self._fail(fusion, quant, "guard", e, match)
             return
         if not verdict.ok:
+            first = site.producer not in self.explained  # sibling quants of one producer: one decision
             self.explained.update(match.nodes)
             self.explained.add(site.producer)
-            self.report.reject(fusion.name, site.producer.name, verdict.reason, verdict.detail, site.shapes(),
-                               _graph.dtype_str(site.activation()))
+            if first:
+                self.report.reject(fusion.name, site.producer.name, verdict.reason, verdict.detail,
+                                   site.shapes(), _graph.dtype_str(site.activation()))
             return
         shapes, dtype = site.shapes(), _graph.dtype_str(site.activation())
         gemms = len(_graph.gemm_shapes(site.quant))

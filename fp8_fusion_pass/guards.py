@@ -125,6 +125,16 @@ def can_run_kernel(op: str, device: torch.device) -> Verdict:
     return OK
 
 
+def can_eps(eps) -> Verdict:
+    """eps is a number when the graph is compiled (the fused ops take it as a float). Under ``dynamic=True``
+    Dynamo lifts Python floats into runtime graph inputs; then the norm stays unfused."""
+    if isinstance(eps, (int, float)) and not isinstance(eps, bool):
+        return OK
+    return reject("eps_graph_input", f"eps is {getattr(eps, 'name', eps)}, a runtime value (dynamic=True lifts "
+                  "Python floats); use fp8_fusion_pass.fuse(model, dynamic=True) or "
+                  "torch._dynamo.config.specialize_float=True")
+
+
 def can_group(k, group_size: int, group_sizes: Iterable[int]) -> Verdict:
     """K static, the group size configured, and K a multiple of it."""
     if not isinstance(k, int):

@@ -105,7 +105,7 @@ def _diagnose(pattern: str, node: Node, x, out: Node, eps, explained: set, recor
     elif not quants:
         users = sorted({_graph.describe(u) for u, _ in _graph.final_users(out)})
         reason, detail = "no_quant_consumer", f"{out.name} feeds {', '.join(users) or 'nothing'}"
-    elif isinstance(eps, Node):
+    elif isinstance(eps, Node):  # (a matched norm reports this through guards.can_eps)
         reason, detail = "eps_graph_input", (f"eps is graph input {eps.name} (dynamic=True lifted the float); use "
                                              "fp8_fusion_pass.fuse(..., dynamic=True) or "
                                              "torch._dynamo.config.specialize_float=True")

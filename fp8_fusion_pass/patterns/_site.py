@@ -87,6 +87,7 @@ class Site:
     residual: Node | None = None  # node whose users take the fused op's residual_out (None: no users)
     pieces: tuple | None = None  # (gate, up) of a plain-torch silu; concatenated when ``x`` is None
     weight: Node | None = None  # norm weight (dtype guard)
+    eps: object = None  # norm eps: a float, or a graph node under dynamic=True (rejected)
 
     @property
     def quant_input(self) -> Node:
@@ -115,6 +116,7 @@ def check(site: Site, config, env_disabled, deterministic) -> guards.Verdict:
         lambda: guards.can_run_fusion(f.switch, f.bit_exact, config, env_disabled, deterministic),
         lambda: guards.can_dtype(x, _graph.val(site.weight) if site.weight is not None else None, residual),
         lambda: guards.can_dtype(q_in),
+        lambda: guards.can_eps(site.eps) if site.weight is not None else guards.OK,
         lambda: guards.can_run_kernel(f.fused_op, x.device),
         lambda: guards.can_group(q_in.shape[-1], site.group_size, config.group_sizes),
         lambda: _reshapes_ok(site),

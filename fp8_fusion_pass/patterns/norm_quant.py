@@ -110,7 +110,8 @@ def site(match: Match, fusion_name: str, form: str) -> Site:
     producer, chain = _graph.strip_reshapes(quant.args[0])
     kw = match.kwargs
     common = dict(fusion=BY_NAME[fusion_name], form=form, quant=quant, producer=producer, chain=chain,
-                  group_size=group_size_of(quant), x=kw["x"], matched=set(match.nodes), weight=kw["w"])
+                  group_size=group_size_of(quant), x=kw["x"], matched=set(match.nodes), weight=kw["w"],
+                  eps=kw["eps"])
     if fusion_name == "norm_quant":
         return Site(args=(kw["w"], kw["eps"]), **common)
     add = _add_node(match, form)

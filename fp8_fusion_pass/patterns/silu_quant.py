@@ -64,34 +64,47 @@ FORMS = {
 }
 
 
+def _slice_args(node) -> tuple:
+    """(dim, start, end, step) of an ``aten.slice.Tensor`` node, defaults filled in (None start = 0, None end = max)."""
+    names = ("dim", "start", "end", "step")
+    defaults = {"dim": 0, "start": 0, "end": INT64_MAX, "step": 1}
+    given = dict(zip(names, node.args[1:]), **node.kwargs)
+    return tuple(defaults[n] if given.get(n) is None else given[n] for n in names)
+
+
 def _halves(gate, up):
-    """The tensor whose two halves are gate and up, or None."""
-    if not (isinstance(gate, torch.fx.Node) and isinstance(up, torch.fx.Node)):
+    """The tensor whose first and second halves (last dim) are gate and up, or None."""
+    if not all(isinstance(n, torch.fx.Node) and n.op == "call_function" and n.args for n in (gate, up)):
         return None
-    if gate.target is aten.slice.Tensor and up.target is aten.slice.Tensor and gate.args[0] is up.args[0]:
-        src = gate.args[0]
-        v = _graph.val(src)
-        last = (-1, v.dim() - 1)
-        g_args, u_args = (list(gate.args) + [0, INT64_MAX, 1])[:5], (list(up.args) + [0, INT64_MAX, 1])[:5]
-        _, g_dim, g_start, g_end, g_step = g_args
-        _, u_dim, u_start, u_end, u_step = u_args
-        k = v.shape[-1]
-        if (g_dim in last and u_dim in last and g_step == u_step == 1 and g_start == 0 and isinstance(k, int)
-                and g_end == u_start == k // 2 and 2 * g_end == k and u_end >= k):
-            return src
-    if gate.target is operator.getitem and up.target is operator.getitem and gate.args[0] is up.args[0]:
-        split = gate.args[0]
-        if (gate.args[1], up.args[1]) != (0, 1) or split.target not in (aten.split.Tensor,
-                                                                          aten.split_with_sizes.default):
-            return None
-        src, sizes = split.args[0], split.args[1]
+    if gate.args[0] is not up.args[0]:
+        return None
+    if gate.target is aten.slice.Tensor and up.target is aten.slice.Tensor:
+        whole = gate.args[0]
+        k, last = _last_dim(whole)
+        g_dim, g_start, g_end, g_step = _slice_args(gate)
+        u_dim, u_start, u_end, u_step = _slice_args(up)
+        ok = (k is not None and g_dim in last and u_dim in last and g_step == u_step == 1 and g_start == 0
+              and g_end == u_start == k // 2 and u_end >= k)
+        return whole if ok else None
+    split = gate.args[0]
+    if (gate.target is operator.getitem and up.target is operator.getitem and (gate.args[1], up.args[1]) == (0, 1)
+            and split.target in (aten.split.Tensor, aten.split_with_sizes.default)):
+        whole, sizes = split.args[0], split.args[1]
         dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-        k = _graph.val(src).shape[-1]
-        if dim not in (-1, _graph.val(src).dim() - 1) or not isinstance(k, int):
+        k, last = _last_dim(whole)
+        if k is None or dim not in last:
             return None
-        halves = sizes == [k // 2, k // 2] if isinstance(sizes, list) else 2 * sizes == k
-        return src if halves and k % 2 == 0 else None
+        halves = list(sizes) == [k // 2, k // 2] if isinstance(sizes, (list, tuple)) else 2 * sizes == k
+        return whole if halves else None
     return None
+
+
+def _last_dim(node) -> tuple:
+    """(K, the two spellings of the last dim) of a tensor node; K is None unless static and even."""
+    v = _graph.val(node)
+    if not isinstance(v, torch.Tensor) or v.dim() == 0 or not isinstance(v.shape[-1], int) or v.shape[-1] % 2:
+        return None, ()
+    return v.shape[-1], (-1, v.dim() - 1)
 
 
 def accepts(match: Match, fusion_name: str, form: str) -> bool:
