@@ -54,7 +54,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq", type=int, default=8, help="sequence length of the example input (default: 8)")
     p.add_argument("--dtype", default="bfloat16", help="activation dtype: bfloat16, float16, float32")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(default: cpu)")
-    p.add_argument("--dynamic", action="store_true", help="compile with dynamic shapes")
+    p.add_argument("--dynamic", action="store_true",
+                   help="dynamic shapes, floats kept constant as fp8_fusion_pass.fuse(model, dynamic=True) does")
     p.add_argument("--only", metavar="A,B",
                    help="enable only these fusions: norm_quant,silu_quant,dedup_quant,zero_fill")
 
@@ -130,13 +131,14 @@ def cmd_diff(args) -> int:
     n = 2 if on_cuda else 1
     if on_cuda:
         progress(f"compile 1/{n}: without the pass (full Inductor compile) ...")
-        _, compiled = gd.compile_and_capture(loaded.model, loaded.inputs, None, dynamic=args.dynamic, stop=False)
+        _, compiled = gd.compile_and_capture(loaded.model, loaded.inputs, None, dynamic=args.dynamic,
+                                             stop=False, progress=progress)
         launches = {"before": gd.launches_per_forward(compiled, loaded.inputs)}
     clear_reports()
     how = "full Inductor compile" if on_cuda else "stops after the pass: the diff needs no codegen"
     progress(f"compile {n}/{n}: with the pass ({how}) ...")
     captures, compiled = gd.compile_and_capture(loaded.model, loaded.inputs, fusion, dynamic=args.dynamic,
-                                                stop=not on_cuda)
+                                                stop=not on_cuda, progress=progress)
     report = out.renamed_report(all_reports(), captures)
     if on_cuda:
         launches["after"] = gd.launches_per_forward(compiled, loaded.inputs)
@@ -154,7 +156,8 @@ def cmd_diff(args) -> int:
         return 0
     colour = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
     print(f"# fp8-fusion diff: {loaded.description}")
-    print("# post-grad graph before (-) and after (+) FP8FusionPass; node names normalised to op + ordinal")
+    print("# The post-grad graph Inductor compiles, before (-) and after (+) FP8FusionPass rewrote it; node names")
+    print("# are normalised to op + ordinal. The fusion report and a summary follow the diff.")
     print("\n".join(gd.colourise(diff) if colour else diff))
     print("\n== fusion report ==")
     print(out.render_report(report))
@@ -183,12 +186,14 @@ def cmd_verify(args) -> int:
     progress(f"running {len(cases)} input cases eagerly (the compile-noise reference) ...")
     eager = vf.run_cases(loaded.model, loaded.model, loaded.inputs, cases)
     progress("compile 1/2: without the pass (full Inductor compile) ...")
-    _, compiled = compile_and_capture(loaded.model, loaded.inputs, None, dynamic=args.dynamic, stop=False)
+    _, compiled = compile_and_capture(loaded.model, loaded.inputs, None, dynamic=args.dynamic, stop=False,
+                                      progress=progress)
     progress(f"running {len(cases)} input cases without the pass ...")
     without = vf.run_cases(compiled, loaded.model, loaded.inputs, cases)
     clear_reports()
     progress("compile 2/2: with the pass (full Inductor compile) ...")
-    _, compiled = compile_and_capture(loaded.model, loaded.inputs, fusion, dynamic=args.dynamic, stop=False)
+    _, compiled = compile_and_capture(loaded.model, loaded.inputs, fusion, dynamic=args.dynamic, stop=False,
+                                      progress=progress)
     report = merged(all_reports())
     progress(f"running {len(cases)} input cases with the pass ...")
     with_pass = vf.run_cases(compiled, loaded.model, loaded.inputs, cases)

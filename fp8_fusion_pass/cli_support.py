@@ -98,7 +98,8 @@ def load_model(spec: str, args, progress: Progress) -> LoadedModel:
         raise CliError("presets are built with transformers, which is not installed: "
                        "pip install 'fp8-fusion-pass[hf]'") from exc
     inputs = example_inputs(model, batch=args.batch, seq=args.seq, device=device)
-    return LoadedModel(model, inputs, f"{what}, batch {args.batch} x seq {args.seq}", preset=spec)
+    dynamic = ", dynamic shapes" if getattr(args, "dynamic", False) else ""
+    return LoadedModel(model, inputs, f"{what}, batch {args.batch} x seq {args.seq}{dynamic}", preset=spec)
 
 
 def _layers_text(spec: str, layers: int | None) -> str:
@@ -139,7 +140,8 @@ def _from_factory(spec: str, args, device: torch.device, progress: Progress) -> 
     if inputs is None:
         inputs = _default_inputs(model, spec, args, device)
     inputs = _to_device(inputs, device)
-    return LoadedModel(model, inputs, f"{spec} ({type(model).__name__}, {device})")
+    dynamic = ", dynamic shapes" if getattr(args, "dynamic", False) else ""
+    return LoadedModel(model, inputs, f"{spec} ({type(model).__name__}, {device}){dynamic}")
 
 
 def import_user_module(name: str, what: str):

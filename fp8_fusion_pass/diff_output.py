@@ -76,7 +76,8 @@ def render_summary(s: dict) -> str:
         return f"{d['before']} -> {d['after']} ({d['after'] - d['before']:+d})"
 
     lines = [
-        f"graphs compiled:          {s['graphs']}",
+        f"graphs compiled:          {s['graphs']}"
+        + ("   (graph breaks split the model; no fusion spans two graphs)" if s["graphs"] > 1 else ""),
         f"kernel ops in the graph:  {arrow(s['kernel_ops'])}   (call_function nodes except getitem / views / sizes)",
         f"fp8_fusion op calls:      {arrow(s['fp8_fusion_ops'])}",
         "ops removed:              " + (", ".join(f"{k} x{v}" for k, v in s["ops_removed"].items()) or "none"),

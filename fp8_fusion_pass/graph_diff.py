@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import operator
 import re
+import time
 from collections import Counter, defaultdict
 from typing import Any, Callable
 
@@ -226,12 +227,15 @@ class _StopAfterCapture(Exception):
 class CapturePass(CustomGraphPass):
     """Snapshot the post-grad graph, run ``inner`` (the fusion pass) on it, snapshot again."""
 
-    def __init__(self, inner: Callable[[torch.fx.Graph], None] | None = None, stop: bool = False):
+    def __init__(self, inner: Callable[[torch.fx.Graph], None] | None = None, stop: bool = False,
+                 progress: Callable[[str], None] | None = None):
         self.inner = inner
         self.stop = stop
+        self.progress = progress
         self.captures: list[GraphCapture] = []
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        t0 = time.perf_counter()
         before = snapshot(graph)
         if self.inner is not None:
             self.inner(graph)
@@ -239,6 +243,10 @@ class CapturePass(CustomGraphPass):
         else:
             after = before
         self.captures.append(GraphCapture(before, after))
+        if self.progress is not None:
+            what = f"{len(after.lines)} after the pass, " if self.inner is not None else ""
+            self.progress(f"graph {len(self.captures)} reached the post-grad passes: {len(before.lines)} nodes, "
+                          f"{what}{time.perf_counter() - t0:.1f}s")
         if self.stop:
             raise _StopAfterCapture
 
@@ -284,12 +292,25 @@ def call_model(model: Callable, inputs: Any):
 
 
 def compile_and_capture(
-    model: torch.nn.Module, inputs: Any, fusion_pass=None, *, dynamic: bool = False, stop: bool = True
+    model: torch.nn.Module, inputs: Any, fusion_pass=None, *, dynamic: bool = False, stop: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[list[GraphCapture], Callable]:
-    """Compile ``model`` with the capture (and ``fusion_pass`` inside it), run it once; return the captures."""
-    capture = CapturePass(fusion_pass, stop=stop)
+    """Compile ``model`` with the capture (and ``fusion_pass`` inside it), run it once; return the captures.
+
+    ``dynamic=True`` compiles as ``fp8_fusion_pass.fuse(model, dynamic=True)`` does: Python floats (the RMSNorm
+    eps) stay constants (``specialize_float``), else they become graph inputs and no norm can fuse. The
+    returned callable keeps that setting for later calls (a recompile must see the same graph).
+    """
+    capture = CapturePass(fusion_pass, stop=stop, progress=progress)
     torch._dynamo.reset()  # a compiled frame from an earlier compile would be reused without running our pass
     compiled = torch.compile(model, backend=capture_backend(capture), dynamic=dynamic or None)
+    if dynamic:
+        plain = compiled
+
+        def compiled(*args, **kwargs):
+            with torch._dynamo.config.patch(specialize_float=True):
+                return plain(*args, **kwargs)
+
     with torch.no_grad():
         call_model(compiled, inputs)
     return capture.captures, compiled

@@ -4,8 +4,9 @@ Three compiling subprocesses in all (about 2 minutes on 2 CPU cores); each asser
 - ``diff qwen3-tiny --dump-dir`` (the README's main-job command): the diff removes the unfused ops and adds the
   fused ones, the printed table matches report.json, the fused-op count in after.txt matches the report, the
   dump files reproduce the printed diff, progress goes to stderr and no colour reaches a pipe;
-- ``diff llama-tiny --form engine --scheme per-tensor --only zero_fill --format json``: one object whose report
-  and summary agree (every scale fill of the 8 per-tensor linears stripped, nothing fused), ``--only`` honoured;
+- ``diff llama-tiny --form engine --scheme per-tensor --only zero_fill --dynamic --format json``: one object
+  whose report and summary agree (every scale fill of the 8 per-tensor linears stripped, nothing fused),
+  ``--only`` honoured, symbolic shapes in the graphs;
 - ``verify qwen3-tiny``: every case within the contract, exit 0; the HF form is the one where Inductor's own
   compile moves the logits (the noise the bound widens to), so the figures there are not all zero.
 """
@@ -88,7 +89,7 @@ def test_table_and_summary_match_the_report(qwen_diff):
     fused_calls = sum(_count_calls(after, f.fused_op) for f in FUSIONS if f.fused_op)
     assert fused_calls == sum(applied[f.name] for f in FUSIONS if f.fused_op)
     # The dumped normalised graphs reproduce the printed diff exactly.
-    printed = res.stdout.split("\n== fusion report ==")[0].splitlines()[2:]
+    printed = res.stdout.split("\n== fusion report ==")[0].splitlines()[3:]  # after the 3 header lines
     redone = list(difflib.unified_diff(before[1:], after[1:], "before", "after", n=3, lineterm=""))
     assert printed == redone
     assert "class " in (dump / "after_raw.txt").read_text() and "# File:" not in (dump / "after_raw.txt").read_text()
@@ -96,12 +97,13 @@ def test_table_and_summary_match_the_report(qwen_diff):
 
 def test_diff_json_zero_fill_only():
     res = run_cli("diff", "llama-tiny", "--form", "engine", "--scheme", "per-tensor", "--only", "zero_fill",
-                  "--format", "json", "-q")
+                  "--dynamic", "--format", "json", "-q")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stderr.strip() == "" or "[fp8-fusion" not in res.stderr, "--quiet still printed progress"
     doc = json.loads(res.stdout)  # one object, nothing else on stdout
     assert set(doc) == {"model", "diff", "report", "summary"}
     report, summary = doc["report"], doc["summary"]
+    assert doc["model"].endswith(", dynamic shapes") and re.search(r"\[s\d+", doc["diff"]), "not a dynamic graph"
     assert report["applied"] == [], "--only zero_fill must not fuse anything"
     assert report["counts"]["fills_stripped"] == len(report["fills_stripped"]) == PER_TENSOR_LINEARS
     assert report["counts"]["fills_kept"] == 0

@@ -195,7 +195,7 @@ def test_verify_exits_1_when_the_contract_is_broken(monkeypatch, capsys):
     inputs = (torch.randn(2, 4),)
     calls = []
 
-    def fake_compile(model, inputs, fusion_pass, dynamic=False, stop=True):
+    def fake_compile(model, inputs, fusion_pass, dynamic=False, stop=True, progress=None):
         calls.append(fusion_pass)
         broken = len(calls) == 2
 
