@@ -1,6 +1,6 @@
-"""The CUDA path of ``fp8-fusion diff``: two full compiles and kernel launches per forward from torch.profiler.
+"""The CUDA paths: ``diff`` (two full compiles, kernel launches per forward from torch.profiler) and ``verify``.
 
-Run on the GPU machine: ``python -m pytest tests/cli/test_cli_gpu.py -m gpu -q -s`` (about 2 minutes).
+Run on the GPU machine: ``python -m pytest tests/cli/test_cli_gpu.py -m gpu -q -s`` (about 3 minutes).
 """
 
 from __future__ import annotations
@@ -24,3 +24,11 @@ def test_diff_on_cuda_counts_fewer_launches_with_the_pass(preset, scheme):
     assert launches["before"] > 0
     # Each fusion removes at least one launch (a norm or quant kernel; a memset per stripped fill).
     assert launches["after"] < launches["before"], launches
+
+
+def test_verify_on_cuda_within_contract():
+    # On the GPU the fused ops run the Triton kernels, the unfused ones Inductor's code: the real comparison.
+    res = run_cli("verify", "qwen3-tiny", "--device", "cuda")
+    print(res.stdout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "ok: 9 checks within the contract" in res.stdout
