@@ -41,8 +41,10 @@ def norm_weight(op: str, x: torch.Tensor, w: torch.Tensor) -> None:
     if not isinstance(w, torch.Tensor) or w.dim() != 1 or w.shape[0] != x.shape[-1]:
         shape = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
         raise ValueError(f"{op}: w must be a 1-D tensor of size {x.shape[-1]} (x's last dim), got {shape}")
-    if w.dtype not in FLOAT_ACTIVATIONS:
-        raise TypeError(f"{op}: w must be bf16, fp16 or fp32, got {w.dtype}")
+    if w.dtype != x.dtype:
+        # HF computes ``weight * normed.to(x.dtype)``: an fp32 weight would promote the output to fp32, which no
+        # fused kernel produces (vLLM's strict kernels crashed on exactly this, #44694). One dtype, checked here.
+        raise TypeError(f"{op}: w must have x's dtype {x.dtype}, got {w.dtype}")
     if w.shape[0] > 1 and w.stride(0) != 1:
         raise ValueError(f"{op}: w must be contiguous, got stride {w.stride(0)}")
 

@@ -56,25 +56,32 @@ def _check_norm(op, x, w, residual=None):
 @custom_op(f"{NS}::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
     _check_norm("rms_norm", x, w)
-    return _kernel("rms_norm", x)(x, w, eps)
+    return _kernel("rms_norm", x)(x, w, eps).contiguous()
+
+
+def _like(x: Tensor) -> Tensor:
+    # Outputs are always contiguous, whatever x's (dense) strides: the Triton kernels allocate them so, and the
+    # real implementation below makes the reference agree.
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @rms_norm.register_fake
 def _(x, w, eps):
     _check_norm("rms_norm", x, w)
-    return torch.empty_like(x)
+    return _like(x)
 
 
 @custom_op(f"{NS}::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, residual: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     _check_norm("add_rms_norm", x, w, residual)
-    return _kernel("add_rms_norm", x)(x, residual, w, eps)
+    y, residual_out = _kernel("add_rms_norm", x)(x, residual, w, eps)
+    return y.contiguous(), residual_out.contiguous()
 
 
 @add_rms_norm.register_fake
 def _(x, residual, w, eps):
     _check_norm("add_rms_norm", x, w, residual)
-    return torch.empty_like(x), torch.empty_like(x)
+    return _like(x), _like(x)
 
 
 def _check_silu(op, x):
@@ -158,14 +165,15 @@ def add_rms_norm_group_quant(
 ) -> tuple[Tensor, Tensor, Tensor]:
     _check_norm("add_rms_norm_group_quant", x, w, residual)
     _check_quant("add_rms_norm_group_quant", x, group_size)
-    return _kernel("add_rms_norm_group_quant", x)(x, residual, w, eps, group_size)
+    q, scale, residual_out = _kernel("add_rms_norm_group_quant", x)(x, residual, w, eps, group_size)
+    return q, scale, residual_out.contiguous()
 
 
 @add_rms_norm_group_quant.register_fake
 def _(x, residual, w, eps, group_size=DEFAULT_GROUP_SIZE):
     _check_norm("add_rms_norm_group_quant", x, w, residual)
     _check_quant("add_rms_norm_group_quant", x, group_size)
-    return (*_quant_outputs(x, group_size), torch.empty_like(x))
+    return (*_quant_outputs(x, group_size), _like(x))
 
 
 @custom_op(f"{NS}::silu_mul_group_quant", mutates_args=())

@@ -184,3 +184,15 @@ def test_symbolic_m_under_dynamic_compile():
     for m in (1, 5, 17):
         x = _x(m, 256)
         torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_norm_weight_must_share_x_dtype():
+    # An fp32 weight would promote HF's output to fp32, which no fused kernel produces: one clear error instead.
+    with pytest.raises(TypeError, match="w must have x's dtype torch.bfloat16"):
+        OPS.rms_norm(_x(3, 256), _x(1, 256, dtype=torch.float32)[0], 1e-6)
+
+
+def test_norm_outputs_are_contiguous_for_permuted_inputs():
+    x = _x(256, 768).reshape(256, 3, 256).permute(1, 0, 2)  # dense but permuted, last dim contiguous
+    y, r = OPS.add_rms_norm(x, x.clone(), _x(1, 256)[0], 1e-6)
+    assert y.is_contiguous() and r.is_contiguous() and OPS.rms_norm(x, _x(1, 256)[0], 1e-6).is_contiguous()
