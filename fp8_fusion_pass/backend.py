@@ -23,6 +23,8 @@ argument whose value changes then recompiles instead of becoming an input).
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -139,4 +141,15 @@ def _specialized_floats(fn: Callable) -> Callable:
     return call
 
 
+class _CallableModule(types.ModuleType):
+    """``fp8_fusion_pass.backend`` is both this module and the function ``backend`` the package exports: once
+    anything imports the submodule, Python's import system sets the package attribute ``backend`` to the module,
+    shadowing the function. Calling the module calls the function, so ``fp8_fusion_pass.backend(...)`` works
+    whichever of the two the attribute holds."""
+
+    def __call__(self, config: FusionConfig | None = None, **inductor_options: Any) -> Callable:
+        return backend(config, **inductor_options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 _register()
