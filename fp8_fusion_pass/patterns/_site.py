@@ -66,7 +66,7 @@ def anchors(producer: PatternExpr) -> list[PatternExpr]:
     for _ in range(MAX_RESHAPES + 1):
         out.append(CallFunction(GROUP_QUANT, inner))
         out.append(CallFunction(GROUP_QUANT, inner, KeywordArg("group_size")))
-        inner = CallFunction(list(RESHAPES), inner, Ignored())
+        inner = CallFunction(list(RESHAPES), inner, Ignored(), _users=MULTIPLE)  # others: the guards' call
     return out
 
 

@@ -18,8 +18,9 @@ Two quants are identical when they read the same tensor (through reshapes to the
 size: the op is a pure function of those, so sharing its outputs is bit-exact. The earliest one in graph order
 is kept (its outputs are defined before every user of the later ones).
 
-Guards: the ``dedup_quant`` switch and ``FP8_FUSION_DISABLE`` (bit-exact: deterministic mode keeps it on). When
-it is off, a norm with three quants is reported as ``multiple_quants`` instead of fused.
+Guards: the ``dedup_quant`` switch and ``FP8_FUSION_DISABLE`` (bit-exact: deterministic mode keeps it on); bf16
+input (like every fusion: fp16 / fp32 graphs are left unchanged). When it is off, a norm with three quants is
+reported as ``multiple_quants`` instead of fused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import operator
 from torch._inductor.pattern_matcher import CallFunctionVarArgs, Match, PatternExpr
 from torch.fx import Node
 
+from .. import guards
 from . import _graph
 from ._graph import GROUP_QUANT
 from ._site import group_size_of
@@ -40,7 +42,10 @@ def anchors() -> list[PatternExpr]:
 
 
 def twin(quant: Node) -> Node | None:
-    """The earliest group_quant identical to ``quant`` (None when ``quant`` is the earliest or unique)."""
+    """The earliest group_quant identical to ``quant`` (None when ``quant`` is the earliest or unique, or when it
+    does not quantize bf16: fp16 / fp32 graphs are left exactly as they are)."""
+    if not guards.can_dtype(_graph.val(quant.args[0])).ok:
+        return None
     src, _ = _graph.strip_reshapes(quant.args[0])
     same = [
         user for user, _ in _graph.final_users(src)

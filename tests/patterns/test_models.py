@@ -79,6 +79,28 @@ def test_llama_has_no_qk_norms(graphs):
     assert r.rejection_reasons() == {"no_quant_consumer": 1, "producer_not_fusable": LAYERS}
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fp16_and_fp32_models_are_left_unchanged(dtype):
+    m = build_model("qwen3-tiny", form="hf", layers=LAYERS, dtype=dtype)
+    gm0 = capture(m, *example_inputs(m, 2, 5))[0]
+    r, gm = run_pass(gm0)
+    assert str(gm.graph) == str(gm0.graph) and not r.applied and not r.errors
+    # every norm (input, post-attention, q/k, final) and silu: dtype; o_proj's quant: no fused producer
+    assert r.rejection_reasons() == {"dtype_not_bf16": 4 * LAYERS + 1 + LAYERS, "producer_not_fusable": LAYERS}, (
+        r.render())
+
+
+def test_dynamic_hf_model_one_graph_for_all_shapes():
+    m = model("qwen3-tiny", "hf")
+    calls = [example_inputs(m, 3, 7), example_inputs(m, 4, 6)]
+    with torch._dynamo.config.patch(specialize_float=True):  # what fuse(model, dynamic=True) does
+        gms = capture(m, *example_inputs(m, 2, 5), dynamic=True, calls=calls)
+    assert len(gms) == 1
+    r, _ = run_pass(gms[0])
+    c = r.counts()
+    assert (c["norm_quant"], c["add_norm_quant"], c["silu_quant"], c["dedup_quant"]) == (1, 3, 2, 6), r.render()
+
+
 # ---------------------------------------------------------------- compiled end to end
 
 
