@@ -1,29 +1,33 @@
 """Block-FP8 GEMM paths on one GPU, side by side, and the rows of ``blockscale_mm.TABLE`` that they imply.
 
-    python benchmarks/gemm.py --json gemm.json        # full: estimated 4-6 min on one H200 (cold Triton cache)
+    python benchmarks/gemm.py --ms 1,4,16,32,64 --json gemm_small.json      # small-M sweep, all shapes
+    python benchmarks/gemm.py --ms 128,256,2048,8192 --json gemm_large.json  # the rest of the M buckets
     python benchmarks/gemm.py --quick                 # 2 shapes, 4 row counts, a small sweep
     python benchmarks/gemm.py --only qwen3-32b        # a subset of the shapes (split a run that is too long)
     python benchmarks/gemm.py --dry-run               # CPU, Triton interpreter, one tiny shape: checks the script
 
-Estimate of the full run (reasoned, not yet timed): ~110 Triton compiles (~1.5 s each), 90 (shape, M) points of
-4 paths plus ~1300 sweep candidates at ~60 ms each (capture + 10 replays).
+Estimate (reasoned from round 1, where --quick took 7 s for 8 points with a warm Triton cache): small-M command
+~95 Triton compiles (<= 1.5 s each) and 50 points x ~30 candidates at ~20 ms (capture + 10 replays of ~3 ms):
+3-4 min; large-M command ~10 compiles and 40 points x 8 candidates (M=8192 ones take ~0.1 s): 2-3 min.
 
 For the Qwen3-8B / Llama-3.1-8B / Qwen3-32B projection shapes (N x K) and M in ``blockscale_mm.M_BUCKETS``:
 bf16 ``torch.mm``, cuBLAS block-wise (``torch._scaled_mm`` with its layout work), the Triton tiled GEMM, the
-Triton small-M GEMM (its default config, and the best of a sweep of BLOCK_N x SPLIT_K x warps x stages), and
-the roofline: the minimum bytes (fp8 weight + scales + fp8 activation + scales + bf16 output) over the copy
-bandwidth measured in the same run.
+Triton small-M GEMM (its default config, and the best of the sweep in ``_gemm_sweep.py``), and the roofline: the
+minimum bytes (fp8 weight + scales + fp8 activation + scales + bf16 output) over the copy bandwidth measured in
+the same run. At M <= 64 also the activation quant: ``group_quant`` + the best small-M GEMM against the small-M
+GEMM quantizing its bf16 input itself (``small_m_mm_bf16``), for the pass's small-M "worth it" table.
 
 Timing: each candidate is captured ``reps`` times into one CUDA graph, cycling through enough weight copies
 to exceed 3x the 50 MB L2, so every call reads its weight from HBM as a decode step does; the figure is the
 median over replays of (replay time / reps). Every candidate is first checked against the fp32 dequantized
-oracle (relative error <= 1e-2, else it is reported WRONG and never chosen).
+oracle (relative error <= 1e-2, else it is reported WRONG and never chosen); a candidate that sums split-K in
+its own launch must also give bitwise the same output on repeated calls (else RACY, never chosen).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import dataclasses
 import json
 import math
 import os
@@ -36,22 +40,27 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
-from tabulate import tabulate  # noqa: E402
+import _gemm_sweep as sweep
+import triton
+from _timing import copy_bandwidth, time_graph
+from tabulate import tabulate
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
 
-from _timing import copy_bandwidth, time_graph  # noqa: E402
-
-from fp8_fusion_pass import arch  # noqa: E402
-from fp8_fusion_pass.kernels import reference as ref  # noqa: E402
-from fp8_fusion_pass.kernels.triton import blockscale_mm as bm  # noqa: E402
-from fp8_fusion_pass.kernels.triton._blockscale_kernels import (  # noqa: E402
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._blockscale_kernels import TiledConfig, default_tiled_config
+from fp8_fusion_pass.kernels.triton._small_m_kernels import (
     SmallMConfig,
-    TiledConfig,
     default_small_m_config,
-    default_tiled_config,
+    small_m_mm,
+    small_m_mm_bf16,
 )
+from fp8_fusion_pass.kernels.triton.group_quant import group_quant
 
 # (name, N, K): per-GPU projection shapes at TP1 (merged qkv and gate_up, as the engine-form models run them).
+# Llama-3.1-8B's qkv (6144 x 4096) and o (4096 x 4096) are Qwen3-8B's.
 SHAPES = [
     ("qwen3-8b qkv", 6144, 4096),
     ("qwen3-8b o", 4096, 4096),
@@ -68,17 +77,7 @@ QUICK_SHAPES = [SHAPES[0], SHAPES[9]]
 DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 rounding is ~1e-3
-# Small-M sweep (22 configs, 6 compiled variants per M class): tile width x split at 4 stages; a deeper pipeline
-# (6 stages: more weight bytes in flight per SM) for the default width; 8 warps for the widest tile; and
-# 16-wide tiles, which reach 256 programs at N=4096 without a split (no reduce kernel) but carry only 2 KB
-# per stage.
-SWEEP_SMALL_M = (
-    [SmallMConfig(block_n, split, 4, 4) for block_n, split in itertools.product((32, 64, 128), (1, 2, 4, 8))]
-    + [SmallMConfig(64, split, 4, 6) for split in (1, 2, 4, 8)]
-    + [SmallMConfig(128, split, 8, 4) for split in (1, 2, 4)]
-    + [SmallMConfig(16, split, 4, 6) for split in (1, 2, 4)]
-)
-QUICK_SWEEP_SMALL_M = [SmallMConfig(b, s, 4, 4) for b in (64, 128) for s in (1, 4)]
+REPEATS = 3  # extra calls that must reproduce a "last" split-K output bit for bit
 SWEEP_TILED = [
     TiledConfig(64, 128, 8, 4, 4),
     TiledConfig(128, 128, 8, 8, 3),
@@ -121,65 +120,97 @@ class Shape:
         return nbytes / bw * 1e6
 
 
-def measure(shape: Shape, q, xs, want, path: str, config=None) -> float | str:
-    """Microseconds per call, or "WRONG" (off the oracle ``want``) / "n/a" (cannot run the shape)."""
+def timed(what: str, call, want, copies: int, repeatable: bool = False) -> float | str:
+    """Microseconds per ``call(i)`` (i: weight copy), or "WRONG" (off the oracle ``want``), "RACY" (not
+    bitwise repeatable where it must be) or "n/a" (cannot run the shape)."""
     try:
-        y = bm.run(path, q, xs, *shape.w8[0], torch.bfloat16, config=config)
-    except (ValueError, RuntimeError) as e:  # unsupported shape, or a config the compiler rejects
-        log(f"  {path} {config or ''}: n/a ({str(e).splitlines()[0][:100]})")
+        y = call(0)
+        again = [call(0) for _ in range(REPEATS if repeatable else 0)]
+    except (ValueError, RuntimeError, OutOfResources, CompilationError) as e:  # a shape or config it cannot run
+        log(f"  {what}: n/a ({str(e).splitlines()[0][:100]})")
         return "n/a"
     err = ((y.float() - want).norm() / want.norm()).item()
     if not err <= CHECK_REL_ERR:
-        log(f"  {path} {config or ''}: WRONG (rel err {err:.3g})")
+        log(f"  {what}: WRONG (rel err {err:.3g})")
         return "WRONG"
-    call = lambda i: bm.run(path, q, xs, *shape.w8[i], torch.bfloat16, config=config)  # noqa: E731
-    return time_graph(call, shape.copies, DEVICE == "cpu")
+    if not all(torch.equal(y, z) for z in again):
+        log(f"  {what}: RACY (repeated calls differ)")
+        return "RACY"
+    return time_graph(call, copies, DEVICE == "cpu")
 
 
-def _best(candidates: dict) -> tuple[str, float]:
-    timed = {k: v for k, v in candidates.items() if isinstance(v, float)}
-    key = min(timed, key=timed.get)
-    return key, timed[key]
+def measure(shape: Shape, q, xs, want, path: str, config=None) -> float | str:
+    call = lambda i: bm.run(path, q, xs, *shape.w8[i], torch.bfloat16, config=config)
+    last = isinstance(config, SmallMConfig) and config.reduce == "last" and config.split_k > 1
+    return timed(f"{path} {config or ''}", call, want, shape.copies, repeatable=last)
 
 
-def run(shapes, ms, small_sweep, tiled_sweep, bw: float, arch_of_run: arch.Arch):
+def _best(candidates: dict):
+    ok = {key: v for key, v in candidates.items() if isinstance(v, float)}
+    key = min(ok, key=ok.get) if ok else None
+    return key, ok.get(key)
+
+
+def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
+    """At the best small-M config: its two-launch twin (idea 1), group_quant + GEMM, and the bf16-input GEMM."""
+    w8 = shape.w8
+    out = {"best_kernel_reduce_us": measure(shape, q, xs, want, "small_m", sweep.with_kernel_reduce(best))}
+    gq = lambda i: small_m_mm(*group_quant(x, 128), *w8[i], torch.bfloat16, best)
+    out["quant_gemm_us"] = timed("group_quant + small_m", gq, want, shape.copies)
+    fused = lambda i: small_m_mm_bf16(x, *w8[i], torch.bfloat16, 128, best)
+    out["bf16_in_us"] = timed(f"small_m_bf16 {best}", fused, want, shape.copies, repeatable=best.split_k > 1)
+    return out
+
+
+def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch) -> tuple[dict, str]:
+    n, k = shape.n, shape.k
+    x, q, xs = shape.inputs(m)
+    want = ref.dequant_activation(q, xs) @ shape.w32.t()
+    cand: dict = {}
+    bf16 = time_graph(lambda i: torch.mm(x, shape.w_bf16[i].t()), shape.bf16_copies, DEVICE == "cpu")
+    cand[("cublas", None)] = measure(shape, q, xs, want, "cublas")
+    cand[("tiled", None)] = measure(shape, q, xs, want, "tiled")
+    small_default = default_small_m_config(n, k, a=a)
+    if m <= 256:
+        cand[("small_m", small_default)] = measure(shape, q, xs, want, "small_m", small_default)
+    small: dict = {}
+    if m <= bm.SMALL_M_MAX:
+        last_default = dataclasses.replace(small_default, reduce="last")
+        for cfg in [last_default, *sweep.candidates(n, k, m, families)]:
+            small[cfg] = cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
+    for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
+        cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
+    (path, cfg), best = _best(cand)
+    if cfg is None and path == "tiled":  # a kernel default: pin it so a heuristic change cannot move it
+        cfg = default_tiled_config(m, a)
+    roof = shape.roofline_us(m, bw)
+    cub = cand[("cublas", None)]
+    sm_cfg, sm_best = _best({c: v for c, v in small.items() if c.reduce == "last"})
+    row = {
+        "N": n, "K": k, "M": m, "roofline_us": roof, "bf16_us": bf16, "cublas_us": cub,
+        "tiled_us": cand[("tiled", None)], "small_m_default_us": cand.get(("small_m", small_default)),
+        "small_m_default_last_us": small.get(dataclasses.replace(small_default, reduce="last")),
+        "small_m_best_us": sm_best, "small_m_best_config": repr(sm_cfg),
+        "best_path": path, "best_config": repr(cfg), "best_us": best, "best_over_roofline": best / roof,
+        "cublas_over_best": cub / best if isinstance(cub, float) else None,
+        "ideas": sweep.idea_ratios({c: v for c, v in small.items() if isinstance(v, float)}),
+    }  # fmt: skip
+    if sm_cfg is not None:
+        row.update(small_m_extras(shape, x, q, xs, want, sm_cfg))
+    note = f"{best:.1f} us = {best / roof:.2f}x roofline; cuBLAS {_fmt(cub)}, bf16 {bf16:.1f} us"
+    log(f"  M={m}: best {path} {cfg or ''} {best:.1f} us ({best / roof:.2f}x roofline), cuBLAS {_fmt(cub)}")
+    return row, table_row(a.name, m, n, k, path, cfg, note)
+
+
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch):
     rows, table_rows = [], []
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            x, q, xs = shape.inputs(m)
-            want = ref.dequant_activation(q, xs) @ shape.w32.t()
-            cand: dict = {}
-            bf16 = time_graph(lambda i: torch.mm(x, shape.w_bf16[i].t()), shape.bf16_copies, DEVICE == "cpu")
-            cand[("cublas", None)] = measure(shape, q, xs, want, "cublas")
-            cand[("tiled", None)] = measure(shape, q, xs, want, "tiled")
-            if m <= 256:
-                cand[("small_m", None)] = measure(shape, q, xs, want, "small_m")
-            for cfg in small_sweep if m <= bm.SMALL_M_MAX else []:
-                cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
-            for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
-                cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
-            (path, cfg), best = _best(cand)
-            roof = shape.roofline_us(m, bw)
-            cub = cand[("cublas", None)]
-            small_default = default_small_m_config(n, k, a=arch_of_run)
-            small = {c or small_default: v for (p, c), v in cand.items() if p == "small_m"}
-            small = {c: v for c, v in small.items() if isinstance(v, float)}
-            sm_cfg = min(small, key=small.get) if small else None
-            if cfg is None and path != "cublas":  # a kernel default: pin it so a heuristic change cannot move it
-                cfg = small_default if path == "small_m" else default_tiled_config(m, arch_of_run)
-            rows.append({
-                "shape": name, "N": n, "K": k, "M": m, "roofline_us": roof, "bf16_us": bf16, "cublas_us": cub,
-                "tiled_us": cand[("tiled", None)], "small_m_default_us": cand.get(("small_m", None)),
-                "small_m_best_us": small.get(sm_cfg), "small_m_best_config": repr(sm_cfg),
-                "best_path": path, "best_config": repr(cfg), "best_us": best,
-                "best_over_roofline": best / roof,
-                "cublas_over_best": cub / best if isinstance(cub, float) else None,
-            })  # fmt: skip
-            note = f"{best:.1f} us = {best / roof:.2f}x roofline; cuBLAS {_fmt(cub)}, bf16 {bf16:.1f} us"
-            table_rows.append(table_row(arch_of_run.name, m, n, k, path, cfg, note))
-            log(f"  M={m}: best {path} {cfg or ''} {best:.1f} us ({best / roof:.2f}x roofline), cuBLAS {_fmt(cub)}")
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a)
+            rows.append({"shape": name, **row})
+            table_rows.append(trow)
         del shape
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
@@ -187,13 +218,20 @@ def run(shapes, ms, small_sweep, tiled_sweep, bw: float, arch_of_run: arch.Arch)
 
 
 def table_row(arch_name: str, m: int, n: int, k: int, path: str, cfg, note: str) -> str:
-    """One ``blockscale_mm.TABLE`` entry, as Python source, keyed by M's bucket."""
-    cfg_src = "" if cfg is None else f", {cfg!r}"
-    return f'    ("{arch_name}", {bm.m_bucket(m)}, {n}, {k}): Choice("{path}"{cfg_src}),  # {note}'
+    """One ``blockscale_mm.TABLE`` entry, as Python source keyed by M's bucket, under a comment line with ``note``.
+    Configs are written positionally (field order of their dataclass) to keep rows within 120 columns."""
+    cfg_src = ""
+    if cfg is not None:
+        cfg_src = f", {type(cfg).__name__}({', '.join(repr(getattr(cfg, f.name)) for f in dataclasses.fields(cfg))})"
+    return f'    # {note}\n    ("{arch_name}", {bm.m_bucket(m)}, {n}, {k}): Choice("{path}"{cfg_src}),'
 
 
 def _fmt(v) -> str:
     return f"{v:.1f} us" if isinstance(v, float) else str(v)
+
+
+def _ratio(a, b):
+    return a / b if isinstance(a, float) and isinstance(b, float) else None
 
 
 def print_report(rows, table_rows) -> None:
@@ -205,7 +243,37 @@ def print_report(rows, table_rows) -> None:
         worst = max(small, key=lambda r: r["best_over_roofline"])
         print(f"\nM <= {bm.SMALL_M_MAX}: worst best/roofline {worst['best_over_roofline']:.2f}x at {worst['shape']} "
               f"M={worst['M']} (target <= 1.5x); rows over 1.5x: "
-              f"{sum(r['best_over_roofline'] > 1.5 for r in small)} of {len(small)}")  # fmt: skip
+              f"{sum(r['best_over_roofline'] > 1.5 for r in small)} of {len(small)}; rows slower than cuBLAS: "
+              f"{sum((r['cublas_over_best'] or 9) < 1 for r in small)}")  # fmt: skip
+        print("\nTuning ideas (_small_m_kernels.py notes): time with / time without, < 1 = the idea helps")
+        ideas = list(sweep.IDEAS)
+        print(
+            tabulate(
+                [
+                    [
+                        r["shape"],
+                        r["M"],
+                        _ratio(r["small_m_default_last_us"], r["small_m_default_us"]),
+                        _ratio(r["small_m_best_us"], r.get("best_kernel_reduce_us")),
+                        *[r["ideas"][i] for i in ideas],
+                    ]
+                    for r in small
+                ],
+                headers=["shape", "M", "last/kernel @default", "last/kernel @best", *ideas],
+                floatfmt=".3f",
+            )
+        )
+        print("\nActivation quant at the best small-M config: bf16-input GEMM vs group_quant + GEMM vs fp8 GEMM")
+        print(tabulate(
+            [[r["shape"], r["M"], r["small_m_best_us"], r.get("quant_gemm_us"), r.get("bf16_in_us"),
+              _ratio(r.get("bf16_in_us"), r["best_us"]), _ratio(r.get("bf16_in_us"), r.get("quant_gemm_us"))]
+             for r in small],
+            headers=["shape", "M", "fp8 GEMM", "quant+GEMM", "bf16-in GEMM", "bf16-in/best fp8", "bf16-in/quant+GEMM"],
+            floatfmt=".2f"))  # fmt: skip
+        worth = [
+            f"({r['N']}, {r['K']}) M={r['M']}" for r in small if (_ratio(r.get("bf16_in_us"), r["best_us"]) or 9) < 1
+        ]
+        print(f"small_m.py 'worth it' (bf16 input faster than the best fp8-input GEMM): {', '.join(worth) or 'none'}")
     print("\n# Paste into TABLE in fp8_fusion_pass/kernels/triton/blockscale_mm.py")
     print(f"# measured {time.strftime('%Y-%m-%d')} on {device_name()}, torch {torch.__version__}, "
           f"Triton {triton.__version__}, by `python benchmarks/gemm.py`")  # fmt: skip
@@ -217,7 +285,7 @@ def print_report(rows, table_rows) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="2 shapes, M in 1,16,64,2048, a 4-config sweep")
+    p.add_argument("--quick", action="store_true", help="2 shapes, M in 1,16,64,2048, a 4-family sweep")
     p.add_argument("--ms", help="comma-separated row counts (default: the table's M buckets)")
     p.add_argument("--only", help="comma-separated substrings of shape names to run (e.g. qwen3-32b)")
     p.add_argument("--json", help="also write the rows to this file")
@@ -234,21 +302,19 @@ def main(argv=None) -> int:
     shapes = QUICK_SHAPES if args.quick else SHAPES
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
+    families, tiled_sweep = (sweep.QUICK_FAMILIES, SWEEP_TILED[:2]) if args.quick else (sweep.FAMILIES, SWEEP_TILED)
     if args.dry_run:
-        shapes, ms = [("tiny", 128, 256)], [1, 65]
+        shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
     bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     t0 = time.time()
-    small_sweep, tiled_sweep = (QUICK_SWEEP_SMALL_M, SWEEP_TILED[:2]) if args.quick else (SWEEP_SMALL_M, SWEEP_TILED)
-    if args.dry_run:
-        small_sweep, tiled_sweep = QUICK_SWEEP_SMALL_M[:2], SWEEP_TILED[:1]
-    rows, table_rows = run(shapes, ms, small_sweep, tiled_sweep, bw, a)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bandwidth": bw, "device": device_name(), "rows": rows}, f, indent=1)
+            json.dump({"bandwidth": bw, "device": device_name(), "rows": rows}, f, indent=1, default=str)
     return 0
 
 

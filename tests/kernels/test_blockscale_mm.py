@@ -16,8 +16,10 @@ import fp8_fusion_pass.kernels.ops  # noqa: F401  (registers torch.ops.fp8_fusio
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import backends, cublas
 from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
-from fp8_fusion_pass.kernels.triton._blockscale_kernels import SmallMConfig, TiledConfig
+from fp8_fusion_pass.kernels.triton._blockscale_kernels import TiledConfig
+from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 from fp8_fusion_pass.kernels.triton.per_tensor_mm import path_for, per_tensor_mm
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -75,6 +77,90 @@ def test_small_m_split_k_variants(config):
     q, xs, w_q, w_s = make_inputs(33, 256, 640)  # 33 rows: two 32-row programs along M, the second nearly empty
     y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
     assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
+
+
+@pytest.mark.parametrize(
+    "m, config",
+    [
+        (3, SmallMConfig(64, 3, 4, 2, "last")),  # 8 K tiles: 3 + 3 + 2, summed by the last program
+        (3, SmallMConfig(32, 3, 4, 2, "last", k_unroll=2)),  # 4 + 4: each split a multiple of the unroll
+        (3, SmallMConfig(32, 8, 4, 2, "kernel", k_unroll=2)),  # 8 splits asked, 4 run (2 tiles each)
+        (1, SmallMConfig(16, 2, 4, 2, "last", fma=True)),  # GEMV
+        (4, SmallMConfig(64, 1, 4, 2, fma=True)),
+        (33, SmallMConfig(128, 4, 8, 2, "last")),
+    ],
+)
+def test_small_m_variants(m, config):
+    q, xs, w_q, w_s = make_inputs(m, 200, 1024)  # N=200: a partial last weight block and N tile
+    assert_close(bm.run("small_m", q, xs, w_q, w_s, FP32, config=config), oracle(q, xs, w_q, w_s), FP32, str(config))
+
+
+def test_last_program_sum_equals_reduce_kernel_bitwise():
+    # Same partials, same order: the in-launch sum must be bit-identical to the second launch's. 70 rows is two
+    # 64-row tiles, so the counters of both row tiles are used; afterwards every counter is back at 0.
+    q, xs, w_q, w_s = make_inputs(70, 200, 768)
+    y_kernel = bm.run("small_m", q, xs, w_q, w_s, FP32, config=SmallMConfig(64, 3, 4, 2, "kernel"))
+    for _ in range(2):  # the second call reuses the counters the first one reset
+        y_last = bm.run("small_m", q, xs, w_q, w_s, FP32, config=SmallMConfig(64, 3, 4, 2, "last"))
+        assert torch.equal(y_last, y_kernel)
+    assert int(smk._counters[q.device].abs().sum()) == 0
+    assert_close(y_last, oracle(q, xs, w_q, w_s), FP32, "last")
+
+
+def test_last_falls_back_to_reduce_kernel(monkeypatch):
+    q, xs, w_q, w_s = make_inputs(3, 256, 512)
+    want = bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(64, 2, 4, 2, "kernel"))
+    launches = []
+
+    class SpyReduce:  # counts the second launch
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    real = smk._splitk_reduce_kernel
+    monkeypatch.setattr(smk, "_splitk_reduce_kernel", SpyReduce())
+    monkeypatch.setattr(smk, "COUNTER_SLOTS", 3)  # 4 N tiles x 1 row tile > 3 slots
+    assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(64, 2, 4, 2, "last")), want)
+    assert len(launches) == 1
+    # Inside a CUDA graph capture the buffer is never allocated (it would live in the graph's private pool).
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(smk, "_counters", {})
+    assert smk.tile_counters(torch.device("cuda", 0), 4) is None and smk._counters == {}
+
+
+@pytest.mark.parametrize("m, group, config", [
+    (5, 128, SmallMConfig(64, 3, 4, 2, "last", k_unroll=2)),
+    (17, 64, SmallMConfig(32, 2, 4, 2, "kernel")),
+    (2, 128, SmallMConfig(32, 4, 4, 2, "last", fma=True)),
+])  # fmt: skip
+def test_bf16_input_quantizes_inside_bitwise(m, group, config):
+    # small_m_mm_bf16(x) == small_m_mm(group_quant(x)): the in-kernel quant is the reference's, bit for bit,
+    # with an all-zero row, a huge group, and a tiny one (fp8 subnormals).
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 1024, generator=g).to(device=DEVICE, dtype=BF16)
+    x[m // 2] = 0
+    x[0, :group] *= 1e4
+    x[-1, -group:] *= 1e-6
+    q, xs = ref.group_quant(x, group, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
+    _, _, w_q, w_s = make_inputs(1, 256, 1024)
+    y = smk.small_m_mm_bf16(x, w_q, w_s, FP32, group, config)
+    assert torch.equal(y, smk.small_m_mm(q, xs, w_q, w_s, FP32, config))
+    assert_close(y, oracle(q, xs, w_q, w_s), FP32, "bf16 input")
+
+
+def test_small_m_config_rules():
+    with pytest.raises(ValueError, match="reduce"):
+        SmallMConfig(reduce="atomic")
+    with pytest.raises(ValueError, match="power of two"):
+        SmallMConfig(block_n=48)
+    q, xs, w_q, w_s = make_inputs(5, 128, 256)
+    with pytest.raises(ValueError, match="M <= 4"):
+        bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(fma=True))
+    x = torch.randn(5, 256, dtype=BF16, device=DEVICE)
+    with pytest.raises(ValueError, match="group 384"):
+        smk.small_m_mm_bf16(x, w_q, w_s, BF16, 384)
+    with pytest.raises(ValueError, match="K-contiguous"):
+        smk.small_m_mm_bf16(x.t().contiguous().t(), w_q, w_s, BF16)
 
 
 def test_tiled_grouped_launch_order_covers_every_tile():
@@ -192,6 +278,14 @@ def test_table_entries_win_but_never_over_legality(monkeypatch):
     assert _plan("sm90", 9, 4096, 4096) == bm.Choice("tiled", TiledConfig(16, 64))  # bucket 16 covers 5..16
     assert _plan("sm90", 2048, 4096, 640, out_dtype=FP32).path == "tiled"  # table says cuBLAS: illegal here
     assert _plan("sm89", 2048, 4096, 4096).path == "tiled"
+
+
+def test_table_gemv_entry_only_for_its_rows(monkeypatch):
+    gemv = bm.Choice("small_m", SmallMConfig(32, 4, reduce="last", fma=True))
+    monkeypatch.setitem(bm.TABLE, ("sm90", 16, 4096, 4096), gemv)
+    monkeypatch.setitem(bm.TABLE, ("sm90", 4, 4096, 4096), gemv)
+    assert _plan("sm90", 3, 4096, 4096) == gemv
+    assert _plan("sm90", 9, 4096, 4096) == bm.Choice("small_m")  # bucket 16 says GEMV: illegal at 9 rows
 
 
 def test_m_buckets():

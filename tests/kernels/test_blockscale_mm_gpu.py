@@ -3,22 +3,26 @@
 Run on the H200 with ``python -m pytest tests/kernels/test_blockscale_mm_gpu.py -m gpu -q -s``; ``-s`` shows the
 table of relative errors per path (Frobenius-relative, and max |error| / max |oracle|) that the notes quote.
 Paths: cuBLAS v1 (``torch._scaled_mm``, only where K/128 % 4 == 0), cuBLAS v2 (``F.scaled_mm``, weight scales
-padded to a multiple of 4 K blocks), Triton tiled, Triton small-M; and the public op, whatever it picks.
+padded to a multiple of 4 K blocks), Triton tiled, Triton small-M (every variant of ``_small_m_kernels.py``: the
+in-launch split-K sum also repeated 100 times and replayed in a CUDA graph, bitwise against the two-launch sum;
+the bf16-input GEMM); and the public op, whatever it picks.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from tabulate import tabulate
 from gemm_helpers import dequant_weight_128, make_inputs, rel_errors
+from tabulate import tabulate
 from tolerances import GEMM_REL_ERR_BF16_OUT
 
 import fp8_fusion_pass.kernels.ops  # noqa: F401
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import backends, cublas
 from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 from fp8_fusion_pass.kernels.triton.per_tensor_mm import per_tensor_mm
 
 pytestmark = pytest.mark.gpu
@@ -173,3 +177,77 @@ def test_ceil_blocks_on_gpu():
     want = ref.dequant_activation(q, xs) @ dequant_weight_128(w_q, w_s).t()
     for path in ("tiled", "small_m"):
         _check("ceil blocks", path, bm.run(path, q, xs, w_q, w_s, BF16), want, BF16, 17, n, k)
+
+
+SMALL_M_VARIANTS = [
+    SmallMConfig(64, 4, 4, 4, "last"),
+    SmallMConfig(64, 4, 4, 4, "last", k_unroll=2),
+    SmallMConfig(128, 3, 8, 4, "last"),
+    SmallMConfig(256, 8, 8, 3, "last"),
+    SmallMConfig(32, 1, 4, 4),
+    SmallMConfig(32, 4, 4, 3, "last", fma=True),
+    SmallMConfig(16, 8, 4, 3, "last", fma=True),
+]
+
+
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (10240, 5120), (5120, 25600)])
+@pytest.mark.parametrize("m", [1, 3, 17, 64])
+def test_small_m_variants_match_oracle(m, n, k):
+    w_q, w_s, w32 = _weights(n, k)
+    q, xs = _activations(m, k)
+    want = ref.dequant_activation(q, xs) @ w32.t()
+    for cfg in SMALL_M_VARIANTS:
+        if cfg.fma and m > smk.FMA_MAX_M:
+            continue
+        y = bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg)
+        _check("small-M variant", f"small_m {cfg}", y, want, BF16, m, n, k)
+
+
+@pytest.mark.parametrize("m, n, k, cfg", [
+    (16, 6144, 4096, SmallMConfig(32, 8, 4, 4)),  # 192 N tiles x 8 splits: 1536 programs racing for tickets
+    (100, 4096, 14336, SmallMConfig(64, 7, 4, 4)),  # two 64-row tiles
+    (1, 5120, 25600, SmallMConfig(16, 16, 4, 3, fma=True)),
+])  # fmt: skip
+def test_last_program_sum_is_repeatable_and_equals_reduce_kernel(m, n, k, cfg):
+    # A missing release / acquire would let the last program read a stale partial now and then: 100 calls must
+    # all equal the two-launch sum bit for bit (same partials, same order), and the counters end at zero.
+    q, xs, w_q, w_s = make_inputs(m, n, k, device="cuda")
+    want = bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg)
+    last = SmallMConfig(**{**cfg.__dict__, "reduce": "last"})
+    mismatches = sum(not torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=last), want) for _ in range(100))
+    assert mismatches == 0
+    assert int(smk._counters[q.device].abs().sum()) == 0
+    _check("last == kernel x100", f"small_m {last}", bm.run("small_m", q, xs, w_q, w_s, BF16, config=last),
+           ref.dequant_activation(q, xs) @ dequant_weight_128(w_q, w_s).t(), BF16, m, n, k)  # fmt: skip
+
+
+def test_last_program_sum_in_cuda_graph():
+    # The counters are reset by the kernel itself, so graph replays need no memset: 50 replays, each compared.
+    m, n, k = 4, 6144, 4096
+    q, xs, w_q, w_s = make_inputs(m, n, k, device="cuda")
+    cfg = SmallMConfig(64, 4, 4, 4, "last")
+    want = bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(64, 4, 4, 4, "kernel"))
+    bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg)  # allocates the counters outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg)
+    bad = 0
+    for _ in range(50):
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        bad += not torch.equal(y, want)
+    assert bad == 0
+
+
+@pytest.mark.parametrize("n, k", [(6144, 4096), (5120, 25600)])
+@pytest.mark.parametrize("m", [1, 5, 16, 64])
+def test_bf16_input_gemm_matches_oracle(m, n, k):
+    w_q, w_s, w32 = _weights(n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device="cuda", dtype=BF16)
+    q, xs = ref.group_quant(x, 128, arch.fp8_dtype("cuda"), arch.fp8_max("cuda"))
+    want = ref.dequant_activation(q, xs) @ w32.t()
+    for cfg in (SmallMConfig(64, 4, 4, 4, "last"), SmallMConfig(32, 1, 4, 4)):
+        y = smk.small_m_mm_bf16(x, w_q, w_s, BF16, 128, cfg)
+        same = torch.equal(y, smk.small_m_mm(q, xs, w_q, w_s, BF16, cfg))
+        _check("bf16 input", f"small_m_bf16 {cfg} (bitwise = fp8 input: {same})", y, want, BF16, m, n, k)

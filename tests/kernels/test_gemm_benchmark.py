@@ -1,5 +1,6 @@
-"""``benchmarks/gemm.py``: the TABLE rows it prints are valid Python that ``blockscale_mm`` accepts, and (slow) the
-``--dry-run`` (CPU, Triton interpreter) runs end to end, checking every candidate against the oracle."""
+"""``benchmarks/gemm.py``: the TABLE rows it prints are valid Python that ``blockscale_mm`` accepts, the small-M
+sweep's candidates are pinned as they run, and (slow) the ``--dry-run`` (CPU, Triton interpreter) runs end to
+end, checking every candidate against the oracle."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import sys
 import pytest
 
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
-from fp8_fusion_pass.kernels.triton._blockscale_kernels import SmallMConfig, TiledConfig
+from fp8_fusion_pass.kernels.triton._blockscale_kernels import TiledConfig
+from fp8_fusion_pass.kernels.triton._small_m_kernels import FMA_MAX_M, SmallMConfig, split_plan
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 NAMES = {"Choice": bm.Choice, "SmallMConfig": SmallMConfig, "TiledConfig": TiledConfig}
@@ -23,16 +25,52 @@ def _parse(rows: list[str]) -> dict:
 def test_table_rows_are_pasteable():
     import gemm
 
+    small = SmallMConfig(128, 4, 8, 4, "last", 2, False)
     rows = [
-        gemm.table_row("sm90", 3, 4096, 4096, "small_m", SmallMConfig(64, 4, 4, 4), "4.1 us"),
+        gemm.table_row("sm90", 3, 28672, 14336, "small_m", small, "41.1 us = 1.21x roofline; cuBLAS 50.1 us"),
+        gemm.table_row("sm90", 2, 4096, 4096, "small_m", SmallMConfig(32, 8, fma=True, reduce="last"), "GEMV"),
         gemm.table_row("sm90", 2049, 4096, 4096, "tiled", TiledConfig(128, 128, 8, 8, 3), "x"),
         gemm.table_row("sm90", 2048, 4096, 12288, "cublas", None, "y"),
     ]
     assert _parse(rows) == {
-        ("sm90", 4, 4096, 4096): bm.Choice("small_m", SmallMConfig(64, 4, 4, 4)),  # M=3 -> bucket 4
+        ("sm90", 4, 28672, 14336): bm.Choice("small_m", small),  # M=3 -> bucket 4
+        ("sm90", 4, 4096, 4096): bm.Choice("small_m", SmallMConfig(32, 8, reduce="last", fma=True)),
         ("sm90", 8192, 4096, 4096): bm.Choice("tiled", TiledConfig(128, 128, 8, 8, 3)),
         ("sm90", 2048, 4096, 12288): bm.Choice("cublas"),
     }
+    assert max(len(line) for row in rows for line in row.splitlines()) <= 120
+
+
+@pytest.mark.parametrize("n, k", [(6144, 4096), (51200, 5120), (5120, 25600), (128, 640)])
+@pytest.mark.parametrize("m", [1, 4, 16, 64])
+def test_sweep_candidates(n, k, m):
+    import _gemm_sweep as sweep
+
+    cands = sweep.candidates(n, k, m)
+    assert len(cands) == len(set(cands)) > 0
+    for c in cands:
+        assert split_plan(k // 128, c.split_k, c.k_unroll)[0] == c.split_k  # pinned as it runs
+        assert c.reduce == "last"
+        assert m <= FMA_MAX_M or not c.fma
+        assert m >= 16 or c.block_n < 256
+    families = {(c.block_n, c.warps, c.stages, c.k_unroll, c.fma) for c in cands}
+    assert families == {f for f in sweep.FAMILIES if (m <= FMA_MAX_M or not f[4]) and (m >= 16 or f[0] < 256)}
+
+
+def test_idea_ratios():
+    import _gemm_sweep as sweep
+
+    timed = {
+        SmallMConfig(64, 4, reduce="last"): 10.0,
+        SmallMConfig(64, 4, reduce="last", k_unroll=2): 9.0,
+        SmallMConfig(128, 2, reduce="last"): 12.0,
+        SmallMConfig(32, 4, stages=3, reduce="last", fma=True): 15.0,
+    }
+    r = sweep.idea_ratios(timed)
+    assert r["k_unroll 2"] == pytest.approx(0.9)
+    assert r["fma GEMV"] == pytest.approx(15.0 / 9.0)
+    assert r["bn 128 vs 64"] == pytest.approx(1.2)
+    assert r["stages 6"] is None and r["split 1"] is None
 
 
 @pytest.mark.slow
@@ -44,6 +82,7 @@ def test_dry_run(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if re.match(r'\s+\("cpu", \d+, \d+, \d+\): Choice\(', line)]
     table = _parse(rows)
-    assert set(table) == {("cpu", 1, 128, 256), ("cpu", 128, 128, 256)}  # M=1 and M=65 (bucket 128)
+    assert set(table) == {("cpu", 1, 128, 512), ("cpu", 128, 128, 512)}  # M=1 and M=65 (bucket 128)
     assert all(c.path in ("tiled", "small_m") and c.config is not None for c in table.values())
-    assert "WRONG" not in out
+    assert "WRONG" not in out and "RACY" not in out
+    assert "last/kernel @best" in out and "bf16-in GEMM" in out

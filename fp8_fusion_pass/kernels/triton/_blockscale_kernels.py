@@ -1,4 +1,4 @@
-"""Triton kernels behind ``blockscale_mm`` and ``per_tensor_mm``: a tiled GEMM and a small-M split-K GEMM.
+"""Triton tiled GEMM behind ``blockscale_mm`` and ``per_tensor_mm``, and the helpers both Triton GEMMs share.
 
 Numerics (``reference.blockscale_mm``, ``kernels.md`` §0.1): fp32 accumulation with *per-K-tile promotion*,
 ``acc += dot(a_tile, b_tile) * a_scale[:, None] * b_scale[None, :]``, where one K tile lies inside one
@@ -11,13 +11,8 @@ Scale layouts are passed as strides, so any layout works without a copy:
 - ``w_scale [ceil(N/128), ceil(K/128)]``: N and K need not be multiples of 128 (ceil blocks);
 - per-tensor scales: strides 0, so every tile reads the one value.
 
-Two kernels, one recipe:
-- ``_blockscale_mm_kernel``: classic output tiles with a grouped-M launch order (compute-bound, M >= 128).
-- ``_blockscale_mm_small_m_kernel``: swap-AB (the weight tile is the MMA's M operand, the few activation rows
-  its N operand, padded to 16) and split-K, so a decode GEMM launches enough programs to stream the weight at
-  full bandwidth: N=4096 in 64-wide tiles is only 64 programs on 132 SMs; split-K x4 gives 256. Partial sums
-  go to an fp32 workspace and ``_splitk_reduce_kernel`` adds them in a fixed order (deterministic, unlike
-  atomics).
+``_blockscale_mm_kernel``: classic output tiles with a grouped-M launch order (compute-bound, M >= 128). The
+small-M GEMM (swap-AB split-K, for decode-sized M) is in ``_small_m_kernels.py``.
 """
 
 from __future__ import annotations
@@ -44,16 +39,7 @@ class TiledConfig:
     stages: int = 3
 
 
-@dataclasses.dataclass(frozen=True)
-class SmallMConfig:
-    block_n: int = 64
-    split_k: int = 4
-    warps: int = 4
-    stages: int = 4
-
-
-# M, the split's K range and the split stride vary per call: specializing on their divisibility by 16 would
-# compile one variant per value class for no gain (they only index rows and split slabs).
+# M varies per call: specializing on its divisibility by 16 would compile one variant per value class for no gain.
 @triton.jit(do_not_specialize=["M"])
 def _blockscale_mm_kernel(
     a_ptr,  # q [M, K] fp8, K contiguous
@@ -100,7 +86,7 @@ def _blockscale_mm_kernel(
     bs_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+    for kt in range(tl.cdiv(K, BLOCK_K)):
         k0 = kt * BLOCK_K
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -116,83 +102,6 @@ def _blockscale_mm_kernel(
 
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit(do_not_specialize=["M", "stride_cs", "k_tiles_per_split"])
-def _blockscale_mm_small_m_kernel(
-    a_ptr,  # q [M, K] fp8
-    b_ptr,  # w_q [N, K] fp8
-    c_ptr,  # out [M, N], or fp32 partials [SPLIT, M, N] when PARTIAL
-    as_ptr,
-    bs_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_bn,
-    stride_cm,
-    stride_cs,  # partials: stride between splits
-    stride_asm,
-    stride_ask,
-    stride_bsn,
-    stride_bsk,
-    k_tiles_per_split,
-    GROUP_K: tl.constexpr,
-    SCALE_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # activation rows, padded to >= 16 (the MMA's N operand)
-    BLOCK_N: tl.constexpr,  # weight rows (the MMA's M operand)
-    BLOCK_K: tl.constexpr,
-    PARTIAL: tl.constexpr,  # split-K: write fp32 partial sums, reduced by _splitk_reduce_kernel
-):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    rn = offs_n % N
-    rm = offs_m % M
-    kt_start = pid_s * k_tiles_per_split
-    kt_end = tl.minimum(kt_start + k_tiles_per_split, tl.cdiv(K, BLOCK_K))
-    k_first = kt_start * BLOCK_K
-    w_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + (k_first + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
-    x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
-    ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn
-    xs_ptrs = as_ptr + rm * stride_asm
-
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # out^T tile
-    for kt in range(kt_start, kt_end):
-        k0 = kt * BLOCK_K
-        w = tl.load(w_ptrs)
-        x = tl.load(x_ptrs)
-        w_s = tl.load(ws_ptrs + (k0 // SCALE_BLOCK) * stride_bsk)
-        x_s = tl.load(xs_ptrs + (k0 // GROUP_K) * stride_ask)
-        acc += tl.dot(w, x) * w_s[:, None] * x_s[None, :]
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-
-    c_ptrs = c_ptr + pid_s * stride_cs + offs_m.to(tl.int64)[None, :] * stride_cm + offs_n[:, None]
-    mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
-    if PARTIAL:
-        tl.store(c_ptrs, acc, mask=mask)
-    else:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _splitk_reduce_kernel(
-    p_ptr,  # fp32 partials [SPLIT, M * N], contiguous
-    c_ptr,  # out [M * N], contiguous
-    MN,
-    SPLIT,
-    BLOCK: tl.constexpr,
-):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, SPLIT):  # fixed order: the result does not depend on scheduling
-        acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------- launch helpers
@@ -233,24 +142,6 @@ def default_tiled_config(m: int, a: _arch.Arch) -> TiledConfig:
     return TiledConfig(128, 128, warps=8, stages=stages)
 
 
-# Programs a small-M launch aims at: two waves of an H200's 132 SMs, so every SM keeps two weight streams in
-# flight. (The SM count is a device fact that arch.py does not carry yet; 132 is the H100/H200 value.)
-_TARGET_PROGRAMS = 264
-
-
-def default_small_m_config(
-    n: int, k: int, block_k: int = SCALE_BLOCK, a: _arch.Arch | None = None
-) -> SmallMConfig:
-    """Split K until the launch has about ``_TARGET_PROGRAMS`` programs, keeping >= 4 K tiles per program so
-    the pipeline prologue is amortised: N=4096, K=4096 -> 64 N tiles x split 4 (8 tiles each). Four stages keep
-    three 10 KB tiles in flight per program on NVIDIA; ROCm Triton pipelines two."""
-    block_n = 64
-    n_tiles = triton.cdiv(n, block_n)
-    k_tiles = triton.cdiv(k, block_k)
-    split = max(1, min(_TARGET_PROGRAMS // n_tiles, k_tiles // 4))
-    return SmallMConfig(block_n=block_n, split_k=split, warps=4, stages=2 if a is not None and a.is_rocm else 4)
-
-
 def _scale_strides(x_scale: torch.Tensor, w_scale: torch.Tensor, per_tensor: bool):
     if per_tensor:
         return 0, 0, 0, 0
@@ -284,43 +175,4 @@ def tiled_mm(q, x_scale, w_q, w_scale, out_dtype, config: TiledConfig | None = N
         EVEN_K=k % block_k == 0,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
-    return out
-
-
-def small_m_block_m(m: int) -> int:
-    """Activation rows per program: the next power of two, at least 16 (the smallest MMA operand), at most 64."""
-    return min(64, max(16, triton.next_power_of_2(m)))
-
-
-def small_m_mm(q, x_scale, w_q, w_scale, out_dtype, config: SmallMConfig | None = None):
-    """Swap-AB split-K GEMM for decode-sized M (block scales only, K a multiple of the promotion step)."""
-    m, k = q.shape
-    n = w_q.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype, device=q.device)
-    if m == 0 or n == 0:
-        return out
-    group_k = k // x_scale.shape[1]
-    block_k = promotion_block(group_k)
-    cfg = config or default_small_m_config(n, k, block_k, _arch.arch_of(q.device))
-    k_tiles = k // block_k
-    # Even out the split so that no program gets an empty K range (it would still be correct, just idle).
-    per_split = triton.cdiv(k_tiles, max(1, min(cfg.split_k, k_tiles)))
-    split = triton.cdiv(k_tiles, per_split)
-    block_m = small_m_block_m(m)
-    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, block_m))
-    _blockscale_mm_small_m_kernel[grid](
-        q, w_q, target, x_scale, w_scale,
-        m, n, k,
-        q.stride(0), w_q.stride(0), n, m * n,
-        *_scale_strides(x_scale, w_scale, False),
-        per_split,
-        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        PARTIAL=split > 1,
-        num_warps=cfg.warps, num_stages=cfg.stages,
-    )  # fmt: skip
-    if split > 1:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, split, BLOCK=block, num_warps=4)
     return out

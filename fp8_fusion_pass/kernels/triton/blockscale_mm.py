@@ -5,9 +5,10 @@ Paths (all compute ``reference.blockscale_mm``: fp32 accumulation, per-128-K pro
   Hopper SM90 only, with its layout rules (pad M to 4, outer-dim-major activation scales, and never v1
   when (K/128) % 4 != 0: that combination is silently wrong).
 - ``tiled``: the Triton tiled GEMM (compute-bound shapes, and everything cuBLAS refuses).
-- ``small_m``: the Triton swap-AB split-K GEMM for decode-sized M, where the GEMM is bound by weight bytes
-  (N*K fp8 bytes, half of bf16): cuBLAS block-wise took 13.3 us at M=16, N=K=4096 on the H200 against ~3.9 us
-  of weight bytes at copy bandwidth and 9.1 us for a bf16 GEMM (issue 7).
+- ``small_m``: the Triton swap-AB split-K GEMM for decode-sized M (``_small_m_kernels.py``: its variants, and
+  each tuning idea's prediction and measurement), where the GEMM is bound by weight bytes (N*K fp8 bytes, half
+  of bf16): cuBLAS block-wise took 13.3 us at M=16, N=K=4096 on the H200 against ~3.9 us of weight bytes at
+  copy bandwidth and 9.1 us for a bf16 GEMM (issue 7).
 - ``dequant``: the reference (dequantize, fp32 matmul); only when no kernel can run (an activation group
   below 32 values, or a device without fp8 Triton).
 
@@ -16,9 +17,11 @@ shape correctly (``unsupported``) falls back along cublas -> small_m / tiled -> 
 
 How ``TABLE`` is measured: ``python benchmarks/gemm.py`` on one H200 (torch 2.11, Triton 3.6) times bf16
 ``torch.mm``, cuBLAS block-wise, Triton tiled and Triton small-M (a sweep of BLOCK_N x SPLIT_K x warps x
-stages) for the Qwen3-8B / Llama-3.1-8B / Qwen3-32B projection shapes at M in ``M_BUCKETS``: medians of
-CUDA-graph replays, weights rotated through more than the 50 MB L2. It prints the fastest path per
-(M bucket, N, K) in this table's syntax; paste those rows below with the date and the GPU.
+stages x split-K sum x K unroll, and a GEMV for M <= 4) for the Qwen3-8B / Llama-3.1-8B / Qwen3-32B
+projection shapes at M in ``M_BUCKETS``: medians of CUDA-graph replays, weights rotated through more than the 50 MB L2. Every candidate is first checked against
+the fp32 oracle (and, for the in-launch split-K sum, for bitwise repeatability), so a TABLE row names a config
+validated at that shape. It prints the fastest path per (M bucket, N, K) in this table's syntax; paste those
+rows below with the date and the GPU.
 Until then the table is empty and ``default_choice`` decides by reasoning.
 """
 
@@ -31,15 +34,8 @@ import torch
 from ... import arch as _arch
 from .. import checks, cublas
 from .. import reference as _ref
-from ._blockscale_kernels import (
-    MIN_BLOCK_K,
-    SmallMConfig,
-    TiledConfig,
-    promotion_block,
-    small_m_mm,
-    tiled_mm,
-    triton_unsupported,
-)
+from ._blockscale_kernels import MIN_BLOCK_K, TiledConfig, promotion_block, tiled_mm, triton_unsupported
+from ._small_m_kernels import FMA_MAX_M, SmallMConfig, small_m_mm
 
 PATHS = ("cublas", "tiled", "small_m", "dequant")
 # A row count uses the first bucket >= it; anything above 2048 uses the 8192 row.
@@ -95,6 +91,12 @@ def default_choice(a: _arch.Arch, m: int, n: int, k: int) -> Choice:
     return Choice("cublas") if a.blockwise_scaled_mm else Choice("tiled")
 
 
+def _config_unsupported(choice: Choice, m: int) -> str | None:
+    if isinstance(choice.config, SmallMConfig) and choice.config.fma and m > FMA_MAX_M:
+        return f"the GEMV config takes M <= {FMA_MAX_M}"
+    return None
+
+
 def plan(
     a: _arch.Arch, device_type: str, fp8: torch.dtype, m: int, n: int, k: int, group: int, out_dtype: torch.dtype
 ) -> Choice:
@@ -102,7 +104,10 @@ def plan(
     wanted = TABLE.get((a.name, m_bucket(m), n, k)) or default_choice(a, m, n, k)
     fallbacks = [wanted, Choice("small_m" if m <= SMALL_M_MAX else "tiled"), Choice("tiled"), Choice("dequant")]
     for choice in fallbacks:
-        if unsupported(choice.path, a, device_type, fp8, n, k, group, out_dtype) is None:
+        if (
+            _config_unsupported(choice, m) is None
+            and unsupported(choice.path, a, device_type, fp8, n, k, group, out_dtype) is None
+        ):
             return choice
     raise AssertionError("unreachable: dequant is always supported")
 

@@ -1,0 +1,296 @@
+"""Triton small-M (decode) block-FP8 GEMM: swap-AB split-K, its split-K sum in the same launch or a second one.
+
+At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8B: 25 MB, 5.9 us at the H200's
+4.29 TB/s copy bandwidth). One kernel, ``_small_m_kernel``, with compile-time variants (``SmallMConfig``):
+- swap-AB: the weight tile [BLOCK_N, BLOCK_K] is the MMA's M operand, the few activation rows its N operand
+  (padded to 16), so N=4096 in 64-wide tiles is 64 programs; split-K multiplies that to fill 132 SMs.
+- split-K sum (``reduce``): "kernel" writes fp32 partials that ``_splitk_reduce_kernel`` adds in a second launch;
+  "last": every program writes its partial, then takes a ticket on its output tile's counter (one atomic); the
+  program that arrives last adds the tile's partials and writes the output. Both add the same partials in the same
+  order (split 0, 1, ...), so they are *bitwise equal* and deterministic (fp32 ``tl.atomic_add`` into the output
+  would not be: its order depends on scheduling, and it needs a zeroed buffer and a cast kernel). The counters
+  are one int32 per output tile in a per-device buffer that the last program resets to 0, so it is zeroed once,
+  not per call. Memory order: stores -> CTA barrier -> acq_rel gpu-scope ticket (CUTLASS's semaphore pattern);
+  the last program reads partials with ``.cg`` (L2, never a stale L1 line).
+- ``k_unroll``: K tiles (one weight-scale block each) per loop iteration: 2 = a 256-wide K step, two promotions.
+- ``fma``: for M <= ``FMA_MAX_M`` a GEMV without tensor cores: fp32 products and a sum over K in registers.
+- ``small_m_mm_bf16``: the activation is bf16 and quantized inside the GEMM (``_fp8.group_quant_tile``, bit-exact
+  with ``reference.group_quant``), as the seed PR's small-M GEMM does: no group-quant launch before the GEMM.
+
+Hazard of "last": the counters are shared by all launches on a device; two such GEMMs running *concurrently on
+two streams* could take each other's tickets. Launches on one stream (CUDA graphs included) are ordered and safe.
+The buffer is allocated by the first eager call; a call made while a CUDA graph is being captured before that,
+or with more tiles than ``COUNTER_SLOTS``, uses "kernel" instead (same result).
+
+Notes: each idea's prediction, then the measurement (``benchmarks/gemm.py``, H200, CUDA-graph medians).
+First round (2026-11-29, "kernel" reduce only): qkv 6144x4096 M=1 11.6 us = 1.97x roofline, M=64 15.5 us = 2.53x;
+Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_n 64/128, split 3-4, 4 warps,
+4 stages.
+1. reduce "last" vs "kernel": saves the second launch and its graph gap, predicted -2 to -3 us wherever split > 1
+   (qkv M=1 11.6 -> ~9 us; 32B down M=1 38.7 -> ~36.5 us). Measured: pending (GPU round 2).
+2. k_unroll 2 (two scale groups per iteration, 16 KB of weight per stage at block_n 64): twice the bytes in
+   flight per stage, half the loop-carried waits; predicted <= 5% (the 4-stage pipeline already keeps 24 KB in
+   flight per program, about what an SM needs at 32 GB/s per SM x ~0.8 us latency). Measured: pending.
+3. stages 6 vs 4: predicted +-3% (round 1: 4 won). warps 8: only helps block_n >= 128. Measured: pending.
+4. block_n 128 / 256 at M = 32..64: every N tile re-reads the activation (64 x 4096 = 256 KB at M=64, 96 tiles:
+   25 MB of L2 reads, as much as the weight); 128 / 256 halves / quarters that. Predicted qkv M=64 15.5 -> ~12 us.
+   Measured: pending.
+5. fma GEMV (M <= 4) vs ``tl.dot`` padded to 16 rows: the MMA's wasted work is free at this intensity; the GEMV
+   saves the shared-memory round trip but Triton may not pipeline loads that feed no dot, so latency is hidden
+   by occupancy only. Predicted within +-10% at M=1, slower at M=4 (4x the fp32 work). Measured: pending.
+6. bf16 input quantized inside (``small_m_mm_bf16``): every N tile re-quantizes its K slice of the rows (96x
+   redundant at qkv, ~40 ALU ops per value) and reads 2-byte values; predicted +0.3-1 us over the fp8-input
+   GEMM at M <= 16, so never faster than a fused norm+quant feeding the fp8 GEMM (no "worth it" entry on H200),
+   but faster than group_quant + GEMM by that launch (~2-3 us) where the producer cannot fuse the quant
+   (o_proj after attention). Measured: pending.
+7. Persistent grid (132 x k programs looping over tiles): here it is the same as choosing split so that the
+   launch has ~132 x k programs, which the sweep does (targets 132, 264, 396, 528); not built. 16-byte loads: the
+   loads are already 16 B (K % 16 == 0 is specialized), nothing to gain. The whole activation block in shared
+   memory: Triton gives no explicit shared memory, and at M <= 16 the x tile is 2 KB against 8 KB of weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch as _arch
+from ._blockscale_kernels import SCALE_BLOCK, promotion_block
+from ._fp8 import fp8_constexprs, group_quant_tile, to_fp32
+
+REDUCES = ("kernel", "last")
+FMA_MAX_M = 4  # the GEMV's [BLOCK_N, BLOCK_K, BLOCK_M] product lives in registers: 4 rows x 64 x 128 fp32 is enough
+COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
+# Until "last" passes tests/kernels/test_blockscale_mm_gpu.py on the GPU, the unmeasured default keeps the
+# two-launch sum that round 1 validated; measured TABLE rows (each checked by benchmarks/gemm.py) may pick "last".
+DEFAULT_REDUCE = "kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallMConfig:
+    block_n: int = 64
+    split_k: int = 4
+    warps: int = 4
+    stages: int = 4
+    reduce: str = DEFAULT_REDUCE  # "kernel" | "last": how split-K partials are summed (see the module docstring)
+    k_unroll: int = 1  # K tiles per loop iteration
+    fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
+
+    def __post_init__(self):
+        if self.reduce not in REDUCES:
+            raise ValueError(f"SmallMConfig.reduce must be one of {REDUCES}, got {self.reduce!r}")
+        for name in ("block_n", "k_unroll", "warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"SmallMConfig.{name} must be a power of two, got {v}")
+        if self.split_k < 1 or self.stages < 1:
+            raise ValueError(f"SmallMConfig: split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
+
+
+@triton.jit
+def _x_tile(x_ptrs, xs_ptrs, k0, stride_ask, fp8_dtype: tl.constexpr, GROUP_K: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr,
+            FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):  # fmt: skip
+    """The activation tile ``[BLOCK_K, BLOCK_M]`` fp8 and its scales ``[BLOCK_M]``: loaded, or (QUANT_A) quantized
+    here from the ``[BLOCK_M, BLOCK_K]`` high-precision tile, one group per tile (GROUP_K == BLOCK_K)."""
+    if QUANT_A:
+        y = tl.reshape(to_fp32(tl.load(x_ptrs), EMULATE_CAST), (BLOCK_M, 1, BLOCK_K))
+        q, s = group_quant_tile(y, fp8_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+        return tl.trans(tl.reshape(q, (BLOCK_M, BLOCK_K))), tl.reshape(s, (BLOCK_M,))
+    return tl.load(x_ptrs), tl.load(xs_ptrs + (k0 // GROUP_K) * stride_ask)
+
+
+# M and the split's K range vary per call: specializing on their divisibility by 16 would compile one variant per
+# value class for no gain (they only index rows and split slabs).
+@triton.jit(do_not_specialize=["M", "k_tiles_per_split"])
+def _small_m_kernel(
+    a_ptr,  # q [M, K] fp8, or (QUANT_A) x [M, K] bf16 / fp16 / fp32; K contiguous
+    b_ptr,  # w_q [N, K] fp8, K contiguous
+    c_ptr,  # out [M, N], row stride stride_cm
+    p_ptr,  # fp32 partials [SPLIT, M, N] contiguous (MODE 1, 2)
+    cnt_ptr,  # int32 [tiles] counters, zero before and after the launch (MODE 2)
+    as_ptr,  # activation scales, element (m, k // GROUP_K) at m * stride_asm + (k // GROUP_K) * stride_ask
+    bs_ptr,  # weight scales, element (n // 128, k // 128)
+    M, N, K,
+    stride_am, stride_bn, stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk,
+    k_tiles_per_split,  # a multiple of K_UNROLL; grid (cdiv(N, BLOCK_N), SPLIT, cdiv(M, BLOCK_M))
+    GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # activation rows (the MMA's N operand: >= 16 unless FMA)
+    BLOCK_N: tl.constexpr,  # weight rows (the MMA's M operand)
+    BLOCK_K: tl.constexpr,  # the promotion step: one K tile, one scale pair
+    K_UNROLL: tl.constexpr,
+    MODE: tl.constexpr,  # 0: write out (SPLIT 1); 1: write partials; 2: partials, the last program sums them
+    FMA: tl.constexpr, QUANT_A: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Out-of-range rows / columns wrap onto valid ones, so loads need no mask; stores mask them.
+    rn = offs_n % N
+    rm = offs_m % M
+    kt_start = pid_s * k_tiles_per_split
+    kt_end = tl.minimum(kt_start + k_tiles_per_split, tl.cdiv(K, BLOCK_K))
+    k_first = kt_start * BLOCK_K
+    w_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + (k_first + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
+    if QUANT_A:
+        x_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + (k_first + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
+    else:
+        x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
+    ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn
+    xs_ptrs = as_ptr + rm * stride_asm
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # out^T tile
+    for kt in range(kt_start, kt_end, K_UNROLL):
+        for u in tl.static_range(K_UNROLL):
+            k0 = (kt + u) * BLOCK_K
+            w = tl.load(w_ptrs + u * BLOCK_K)
+            w_s = tl.load(ws_ptrs + (k0 // SCALE_BLOCK) * stride_bsk)
+            x, x_s = _x_tile(x_ptrs + u * BLOCK_K, xs_ptrs, k0, stride_ask, b_ptr.dtype.element_ty, GROUP_K,
+                             BLOCK_M, BLOCK_K, QUANT_A, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+            if FMA:
+                part = tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
+            else:
+                part = tl.dot(w, x)
+            acc += part * w_s[:, None] * x_s[None, :]
+        w_ptrs += K_UNROLL * BLOCK_K
+        x_ptrs += K_UNROLL * BLOCK_K
+
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[None, :] * stride_cm + offs_n[:, None]
+    mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
+    if MODE == 0:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        mn = M.to(tl.int64) * N
+        p_ptrs = p_ptr + offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
+        tl.store(p_ptrs + pid_s * mn, acc, mask=mask)
+        if MODE == 2:
+            tl.debug_barrier()  # every thread's partial is stored before the ticket releases them
+            tile = pid_m * tl.num_programs(0) + pid_n
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == tl.num_programs(1) - 1:  # the last of the tile's splits: all partials are visible
+                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for s in range(tl.num_programs(1)):  # fixed order, as _splitk_reduce_kernel
+                    total += tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+                tl.store(cnt_ptr + tile, 0)  # ready for the next launch (stream order makes it visible)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    p_ptr,  # fp32 partials [SPLIT, M * N], contiguous
+    c_ptr,  # out [M * N], contiguous
+    MN,
+    SPLIT,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT):  # fixed order: the result does not depend on scheduling
+        acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------- launch helpers
+
+# Programs a small-M launch aims at: two waves of an H200's 132 SMs, so every SM keeps two weight streams in
+# flight. (The SM count is a device fact that arch.py does not carry yet; 132 is the H100/H200 value.)
+TARGET_PROGRAMS = 264
+
+
+def default_small_m_config(n: int, k: int, block_k: int = SCALE_BLOCK, a: _arch.Arch | None = None) -> SmallMConfig:
+    """Split K until the launch has about ``TARGET_PROGRAMS`` programs, keeping >= 4 K tiles per program so
+    the pipeline prologue is amortised: N=4096, K=4096 -> 64 N tiles x split 4 (8 tiles each). Four stages keep
+    three 10 KB tiles in flight per program on NVIDIA; ROCm Triton pipelines two."""
+    block_n = 64
+    n_tiles = triton.cdiv(n, block_n)
+    k_tiles = triton.cdiv(k, block_k)
+    split = max(1, min(TARGET_PROGRAMS // n_tiles, k_tiles // 4))
+    return SmallMConfig(block_n=block_n, split_k=split, warps=4, stages=2 if a is not None and a.is_rocm else 4)
+
+
+def small_m_block_m(m: int, fma: bool = False) -> int:
+    """Activation rows per program: the next power of two; with tensor cores at least 16 (the smallest MMA
+    operand) and at most 64."""
+    return triton.next_power_of_2(m) if fma else min(64, max(16, triton.next_power_of_2(m)))
+
+
+def split_plan(k_tiles: int, split_k: int, k_unroll: int) -> tuple[int, int, int]:
+    """(splits, K tiles per split, unroll actually used): no split gets an empty K range, each a multiple of the
+    unroll (an unroll that does not divide the K tiles falls back to 1)."""
+    unroll = k_unroll if k_tiles % k_unroll == 0 else 1
+    per_split = triton.cdiv(k_tiles, max(1, min(split_k, k_tiles)))
+    per_split = triton.cdiv(per_split, unroll) * unroll
+    return triton.cdiv(k_tiles, per_split), per_split, unroll
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's zeroed int32 ticket counters, or None when "last" cannot be used (see the module docstring)."""
+    if tiles > COUNTER_SLOTS:
+        return None
+    buf = _counters.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # allocated inside a capture it would live in the graph's private pool
+        buf = _counters[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return buf
+
+
+def _launch(a, a_scale, w_q, w_scale, out_dtype, group_k: int, cfg: SmallMConfig | None, quant_a: bool):
+    m, k = a.shape
+    n = w_q.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    block_k = promotion_block(group_k)
+    cfg = cfg or default_small_m_config(n, k, block_k, _arch.arch_of(a.device))
+    if cfg.fma and m > FMA_MAX_M:
+        raise ValueError(f"small-M GEMV (fma) takes M <= {FMA_MAX_M}, got M={m}")
+    split, per_split, unroll = split_plan(k // block_k, cfg.split_k, cfg.k_unroll)
+    block_m = small_m_block_m(m, cfg.fma)
+    grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, block_m))
+    mode = 0 if split == 1 else 2 if cfg.reduce == "last" else 1
+    counters = tile_counters(a.device, grid[0] * grid[2]) if mode == 2 else None
+    if mode == 2 and counters is None:
+        mode = 1
+    partials = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if mode else out
+    xs, xs_strides = (out, (0, 0)) if quant_a else (a_scale, a_scale.stride())  # QUANT_A: no scale tensor
+    _small_m_kernel[grid](
+        a, w_q, out, partials, out if counters is None else counters, xs, w_scale,
+        m, n, k,
+        a.stride(0), w_q.stride(0), out.stride(0), *xs_strides, *w_scale.stride(),
+        per_split,
+        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+        K_UNROLL=unroll, MODE=mode, FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
+        num_warps=cfg.warps, num_stages=cfg.stages,
+    )  # fmt: skip
+    if mode == 1:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](partials, out, m * n, split, BLOCK=block, num_warps=4)
+    return out
+
+
+def small_m_mm(q, x_scale, w_q, w_scale, out_dtype, config: SmallMConfig | None = None) -> torch.Tensor:
+    """Swap-AB split-K GEMM for decode-sized M (block scales; inputs validated by ``checks.py``)."""
+    return _launch(q, x_scale, w_q, w_scale, out_dtype, q.shape[1] // x_scale.shape[1], config, quant_a=False)
+
+
+def small_m_mm_bf16(x, w_q, w_scale, out_dtype, group_size: int = 128, config: SmallMConfig | None = None):
+    """``blockscale_mm(*group_quant(x, group_size), w_q, w_scale)`` with the activation quant inside the GEMM:
+    ``x [M, K]`` bf16 / fp16 / fp32, K contiguous; the group must be a K tile (32, 64 or 128)."""
+    k = x.shape[1]
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or x.stride(1) != 1:
+        raise ValueError(f"x must be a K-contiguous bf16 / fp16 / fp32 [M, K] tensor, got {x.dtype} {x.stride()}")
+    if group_size not in (32, 64, 128) or k % group_size or w_q.shape[1] != k:
+        raise ValueError(f"group {group_size} must be 32, 64 or 128 and divide K={k} (= w_q's K {w_q.shape[1]})")
+    return _launch(x, None, w_q, w_scale, out_dtype, group_size, config, quant_a=True)
