@@ -167,7 +167,6 @@ class _Run:
             self._fuse()
             _candidates.explain(self.graph, self.explained, self._record)
             self._zero_fill()
-            self.graph.lint()
         log.info(self.report.summary_line())
 
     # ------------------------------------------------------------ stages

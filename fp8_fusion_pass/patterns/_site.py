@@ -154,15 +154,22 @@ def _other_consumers(site: Site) -> tuple[list[str], int]:
 def rewrite(graph, site: Site) -> Node:
     """Swap in the fused op; returns it. Raises before touching existing nodes if anything goes wrong (the nodes
     it inserted are erased again), so a failed rewrite leaves the graph as it was."""
-    inputs = [n for n in (site.x, *site.args, *(site.pieces or ())) if isinstance(n, Node)]
+    shape = list(site.chain[0].args[1]) if site.chain else []
+    # every node the new ones read, symbolic sizes of the reshape included, must come before them
+    inputs = [n for n in (site.x, *site.args, *(site.pieces or ()), *shape) if isinstance(n, Node)]
     fused_op = getattr(torch.ops.fp8_fusion, site.fusion.fused_op).default
     q_gets, s_gets = _graph.quant_outputs(site.quant)
+    last = max(inputs)
+    early = [u for u in (site.residual.users if site.residual is not None else ()) if u not in site.matched
+             and u < last]
+    if early:  # the new residual would be defined after a reader of the old one (never seen in real graphs)
+        raise RuntimeError(f"residual {site.residual.name} is read by {early[0].name} before {last.name}, which the "
+                           "fused op needs; left unfused")
     with _graph.Edit(graph, **_insertion_point(graph, inputs)) as e:
         x = site.x if site.x is not None else e.call(aten.cat.default, list(site.pieces), -1)
         fused = e.call(fused_op, x, *site.args, site.group_size)
         q, s = e.call(operator.getitem, fused, 0), e.call(operator.getitem, fused, 1)
         if site.chain:
-            shape = list(site.chain[0].args[1])
             k = _graph.val(site.quant_input).shape[-1]
             q = e.call(aten.reshape.default, q, shape)
             s = e.call(aten.reshape.default, s, shape[:-1] + [k // site.group_size])

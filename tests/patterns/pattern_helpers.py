@@ -81,6 +81,7 @@ def run_pass(gm: torch.fx.GraphModule, config: FusionConfig | None = None, is_in
     """Run the pass on a copy of ``gm``; returns (report, the rewritten graph module)."""
     gm = copy_gm(gm)
     FP8FusionPass(config)(gm.graph, is_inference)
+    gm.graph.lint()  # every rewrite leaves a valid, topologically ordered graph
     gm.recompile()
     return report_mod.last_report(), gm
 

@@ -104,6 +104,23 @@ def test_dynamic_hf_form_eps_input_is_reported_then_fuses_with_specialized_float
     assert r.counts()["norm_quant"] == 1
 
 
+def test_dynamic_reshape_with_a_symbolic_size_list():
+    # reshape(y, [B*S, H]): the size is a SymInt node computed right before the reshape, after the norm's inputs;
+    # the rewrite must place its reshapes after it (run_pass lints the graph)
+    class M(NormLinear):
+        def forward(self, x):
+            h = ops.rms_norm(x, self.norm.weight, self.eps)
+            q, s = ops.group_quant(h.reshape(x.shape[0] * x.shape[1], 256))
+            p = self.projs[0]
+            return ops.blockscale_mm(q, s, p.weight, p.weight_scale_inv, x.dtype)
+
+    gm0 = capture(M(form="op"), x3(), dynamic=True)[0]
+    quant = next(n for n in gm0.graph.nodes if n.target is ops.group_quant.default)
+    assert any(isinstance(a, torch.fx.Node) for a in quant.args[0].args[1])  # the size list holds a node
+    r, gm = run_pass(gm0)
+    assert r.counts()["norm_quant"] == 1 and not r.errors
+
+
 # ---------------------------------------------------------------- negative cases: unchanged, with the reason
 
 
