@@ -34,6 +34,7 @@ from .config import FusionConfig
 from .fusion_pass import FP8FusionPass
 
 NAME = "fp8_fusion"
+ENTRY_POINT_GROUP = "torch_dynamo_backends"
 
 
 def _patches(pass_: FP8FusionPass, mode: str | None, options: dict | None, dynamic, inductor_options: dict) -> dict:
@@ -82,16 +83,22 @@ def _default_backend() -> Callable:
 
 
 def _register() -> None:
-    """Register the name with Dynamo once (harmless when the entry point already provides it)."""
+    """Make ``backend="fp8_fusion"`` work in a source checkout: register the name with Dynamo, unless an installed
+    package declares it as a ``torch_dynamo_backends`` entry point. Then Dynamo loads it from there (registering
+    it here too would make that load fail with "duplicate name", since loading the entry point imports us)."""
+    if getattr(_register, "done", False):
+        return
+    _register.done = True
+    from importlib.metadata import entry_points
+
     from torch._dynamo.backends import registry
 
-    if getattr(_register, "done", False):
+    if NAME in entry_points(group=ENTRY_POINT_GROUP).names:
         return
     try:
         registry.register_backend(registered_backend, name=NAME)
-    except AssertionError:  # "duplicate name": already registered (entry point loaded, or a second import)
+    except AssertionError:  # "duplicate name": already registered
         pass
-    _register.done = True
 
 
 def fuse(obj: Any = None, config: FusionConfig | None = None, **compile_kwargs: Any):

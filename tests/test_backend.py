@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import configparser
 import importlib
+import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -78,6 +80,22 @@ def test_entry_point_names_the_registered_backend():
     module, _, attr = ref.partition(":")
     assert name == "fp8_fusion"
     assert getattr(importlib.import_module(module), attr) is backend_mod.registered_backend
+
+
+def test_installed_entry_point_loads_without_a_duplicate_registration(tmp_path):
+    # an installed package: a dist-info declaring the entry point; Dynamo's lookup imports our module through it
+    dist = tmp_path / "fp8_fusion_pass_probe-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fp8-fusion-pass-probe\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[torch_dynamo_backends]\nfp8_fusion = fp8_fusion_pass.backend:registered_backend\n")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    code = ("from torch._dynamo.backends.registry import lookup_backend; "
+            "fn = lookup_backend('fp8_fusion'); "  # first, before anything imported fp8_fusion_pass
+            "import fp8_fusion_pass.backend as b; "
+            "assert fn is b.registered_backend")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
 def test_fuse_class_decorator_bare_and_with_config():
