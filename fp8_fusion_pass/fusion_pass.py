@@ -163,10 +163,12 @@ class _Run:
         if not self.report.inference:
             self.report.notes.append("not an inference graph (it needs gradients): left alone")
         else:
-            self._dedup()
-            self._fuse()
-            _candidates.explain(self.graph, self.explained, self._record)
-            self._zero_fill()
+            for name, stage in (("dedup_quant", self._dedup), ("fusions", self._fuse),
+                                ("why-not scan", self._explain), ("zero_fill", self._zero_fill)):
+                try:
+                    stage()
+                except Exception as e:  # noqa: BLE001 - e.g. a pattern that fails to trace on this torch
+                    self._fail(name, None, "stage", e)
         log.info(self.report.summary_line())
 
     # ------------------------------------------------------------ stages
@@ -202,6 +204,9 @@ class _Run:
                     anchor, extra_check=functools.partial(self._accepts, fusion, module, form), pass_dict=pm
                 )(functools.partial(self._fuse_one, fusion, module, form))
         pm.apply(self.graph)
+
+    def _explain(self) -> None:
+        _candidates.explain(self.graph, self.explained, self._record)
 
     def _zero_fill(self) -> None:
         fusion = next(f for f in FUSIONS if f.name == "zero_fill")
@@ -261,15 +266,17 @@ class _Run:
     def _record(self, reason: str, node: Node, pattern: str, detail: str, x: Node) -> None:
         self.report.reject(pattern, node.name, reason, detail, _graph.shape_str(x=x), _graph.dtype_str(x))
 
-    def _fail(self, fusion: Fusion, node: Node | None, stage: str, e: Exception, match: Match | None = None) -> None:
+    def _fail(self, fusion: Fusion | str, node: Node | None, stage: str, e: Exception, match: Match | None = None
+              ) -> None:
+        fusion = fusion if isinstance(fusion, str) else fusion.name
         name = node.name if node is not None else "(graph)"
-        self.report.error(fusion.name, name, f"{stage} raised {type(e).__name__}: {e}")
+        self.report.error(fusion, name, f"{stage} raised {type(e).__name__}: {e}")
         if match is not None:
             self.explained.update(match.nodes)
         if node is not None:
             self.explained.add(node)
-        key = (fusion.name, stage, type(e).__name__)
+        key = (fusion, stage, type(e).__name__)
         if key not in _WARNED:
             _WARNED.add(key)
-            warnings.warn(f"fp8_fusion_pass: {fusion.name} {stage} raised {type(e).__name__}: {e}; that match is "
+            warnings.warn(f"fp8_fusion_pass: {fusion} {stage} raised {type(e).__name__}: {e}; that match is "
                           "left unfused (further failures of this kind are only in the report)", stacklevel=2)

@@ -116,6 +116,20 @@ def test_injected_failure_compiles_and_matches_the_unfused_model():
     assert torch.equal(got, m(x))
 
 
+def test_a_stage_that_raises_is_isolated(op_graph, monkeypatch):
+    # e.g. a pattern that no longer traces on some torch version: the other stages still run, the compile goes on
+    def broken():
+        raise RuntimeError("cannot trace")
+
+    monkeypatch.setattr(fusion_pass, "_traced", broken)
+    fusion_pass._WARNED.clear()
+    with pytest.warns(UserWarning, match="fusions stage raised RuntimeError"):
+        r, gm = run_pass(op_graph)
+    assert [(e.pattern, e.node) for e in r.errors] == [("fusions", "(graph)")]
+    assert graph_text(gm) == graph_text(op_graph)
+    assert r.rejection_reasons() == {"unrecognized_spelling": 1}  # the why-not scan still explains the norm
+
+
 def test_inject_failure_rejects_unknown_stages():
     with pytest.raises(ValueError):
         with fusion_pass.inject_failure("match", "norm_quant"):
