@@ -47,6 +47,10 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
    launch has ~132 x k programs, which the sweep does (targets 132, 264, 396, 528); not built. 16-byte loads: the
    loads are already 16 B (K % 16 == 0 is specialized), nothing to gain. The whole activation block in shared
    memory: Triton gives no explicit shared memory, and at M <= 16 the x tile is 2 KB against 8 KB of weight.
+8. The last program's sum loads four partials before adding them (one L2 round trip per four splits, not per
+   split): predicted -0.5 to -1 us at split 4 on the tile that finishes last. Not measured separately.
+9. Default split aims at 396 programs (was 264): reproduces round 1's best splits, predicted qkv M=1 13.5 ->
+   11.6 us and 32B down M=16 41.4 -> 39.1 us with the two-launch sum. Measured: pending.
 """
 
 from __future__ import annotations
@@ -175,9 +179,19 @@ def _small_m_kernel(
             tile = pid_m * tl.num_programs(0) + pid_n
             ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if ticket == tl.num_programs(1) - 1:  # the last of the tile's splits: all partials are visible
+                split = tl.num_programs(1)
                 total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                for s in range(tl.num_programs(1)):  # fixed order, as _splitk_reduce_kernel
-                    total += tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                # Four partials' loads in flight before their adds (one L2 round trip, ~0.6 us, per four splits
+                # instead of per split); the adds keep _splitk_reduce_kernel's order: ((0 + p0) + p1) + ...,
+                # and a missing split adds +0.0, which changes no sum.
+                for s in range(0, split, 4):
+                    sv = s + tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)  # a tensor: the interpreter mis-types
+                    # a block mask & a scalar condition (int, "mask has unsupported dtype")
+                    p0 = tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                    p1 = tl.load(p_ptrs + (s + 1) * mn, mask=mask & (sv + 1 < split), other=0.0, cache_modifier=".cg")
+                    p2 = tl.load(p_ptrs + (s + 2) * mn, mask=mask & (sv + 2 < split), other=0.0, cache_modifier=".cg")
+                    p3 = tl.load(p_ptrs + (s + 3) * mn, mask=mask & (sv + 3 < split), other=0.0, cache_modifier=".cg")
+                    total = (((total + p0) + p1) + p2) + p3
                 tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
                 tl.store(cnt_ptr + tile, 0)  # ready for the next launch (stream order makes it visible)
 
@@ -200,14 +214,16 @@ def _splitk_reduce_kernel(
 
 # ---------------------------------------------------------------- launch helpers
 
-# Programs a small-M launch aims at: two waves of an H200's 132 SMs, so every SM keeps two weight streams in
-# flight. (The SM count is a device fact that arch.py does not carry yet; 132 is the H100/H200 value.)
-TARGET_PROGRAMS = 264
+# Programs a small-M launch aims at: three per SM of an H200 (132 SMs; arch.py does not carry the SM count yet).
+# Round 1 (benchmarks/gemm.py --quick, H200): the best 64-wide configs launched 384 (qkv 6144x4096, split 4:
+# 11.6 us) and 320 programs (Qwen3-32B down 5120x25600 M=16, split 4: 39.1 us), where the old target of 264 gave
+# 192 (13.5 us) and 240 (41.4 us). 396 // tiles reproduces both winners' splits.
+TARGET_PROGRAMS = 396
 
 
 def default_small_m_config(n: int, k: int, block_k: int = SCALE_BLOCK, a: _arch.Arch | None = None) -> SmallMConfig:
     """Split K until the launch has about ``TARGET_PROGRAMS`` programs, keeping >= 4 K tiles per program so
-    the pipeline prologue is amortised: N=4096, K=4096 -> 64 N tiles x split 4 (8 tiles each). Four stages keep
+    the pipeline prologue is amortised: N=6144, K=4096 -> 96 N tiles x split 4 (8 tiles each). Four stages keep
     three 10 KB tiles in flight per program on NVIDIA; ROCm Triton pipelines two."""
     block_n = 64
     n_tiles = triton.cdiv(n, block_n)
