@@ -36,7 +36,7 @@ from torch.fx import Graph, Node
 
 from . import guards, report
 from .config import FusionConfig
-from .patterns import FUSIONS, Fusion, _candidates, _graph, _site, dedup_quant
+from .patterns import BY_NAME, FUSIONS, Fusion, _candidates, _graph, _site, dedup_quant
 
 log = logging.getLogger("fp8_fusion_pass")
 
@@ -173,8 +173,10 @@ class _Run:
 
     # ------------------------------------------------------------ stages
     def _dedup(self) -> None:
-        fusion = next(f for f in FUSIONS if f.name == "dedup_quant")
-        if not guards.can_run_fusion(fusion.switch, True, self.config, self.env_disabled, self.deterministic).ok:
+        fusion = BY_NAME["dedup_quant"]
+        gate = guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
+                                     self.deterministic)
+        if not gate.ok:
             return  # the norms then report multiple_quants
         pm = PatternMatcherPass(pass_name="fp8_fusion_dedup")
         for pattern in dedup_quant.anchors():
@@ -209,7 +211,7 @@ class _Run:
         _candidates.explain(self.graph, self.explained, self._record)
 
     def _zero_fill(self) -> None:
-        fusion = next(f for f in FUSIONS if f.name == "zero_fill")
+        fusion = BY_NAME["zero_fill"]
         if not self.config.zero_fill or fusion.switch in self.env_disabled:
             return
         try:
