@@ -123,6 +123,5 @@ def site(match: Match, fusion_name: str, form: str) -> Site:
         return Site(x=match.kwargs["x"], **common)
     gate, up = match.kwargs["gate"], match.kwargs["up"]
     merged = _halves(gate, up)
-    if merged is not None:
-        common["form"] = "torch-merged"
+    common["form"] = "torch-merged" if merged is not None else "torch-split"  # split: gate/up concatenated
     return Site(x=merged, pieces=(gate, up), **common)

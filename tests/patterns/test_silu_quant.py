@@ -104,4 +104,4 @@ def test_silu_fusion_is_applied_and_reported_with_shapes():
     r, _ = run_pass(capture(SiluLinear(form="split"), *inputs("split"))[0])
     (d,) = r.applied
     assert d.pattern == "silu_quant" and d.dtype == "bfloat16" and "x[2, 3, 256]" in d.shapes
-    assert d.detail.startswith("torch form") and "feeds 1 GEMM" in d.detail
+    assert d.detail.startswith("torch-split form") and "feeds 1 GEMM" in d.detail
