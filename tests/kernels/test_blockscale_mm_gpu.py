@@ -240,6 +240,24 @@ def test_last_program_sum_in_cuda_graph():
     assert bad == 0
 
 
+def test_last_program_sum_under_cudagraph_trees(monkeypatch):
+    # torch.compile(mode="reduce-overhead"): the counters are first allocated inside a cudagraph-tree warmup run
+    # (on a side stream, outside the tree's pool), then every replay must still find them at zero.
+    m, n, k = 4, 4096, 4096
+    last, twin = SmallMConfig(64, 4, 4, 4, "last"), SmallMConfig(64, 4, 4, 4, "kernel")
+    monkeypatch.setitem(bm.TABLE, (arch.arch_of("cuda").name, bm.m_bucket(m), n, k), bm.Choice("small_m", last))
+    monkeypatch.setattr(smk, "_counters", {})
+    w_q, w_s, _ = _weights(n, k)
+    f = torch.compile(lambda q, xs: torch.ops.fp8_fusion.blockscale_mm(q, xs, w_q, w_s, BF16), mode="reduce-overhead")
+    with backends.use_backend("triton"):
+        for seed in range(8):
+            q, xs = _activations(m, k, seed)
+            torch.compiler.cudagraph_mark_step_begin()
+            y = f(q, xs).clone()
+            assert torch.equal(y, bm.run("small_m", q, xs, w_q, w_s, BF16, config=twin)), f"call {seed}"
+    assert list(smk._counters) == [q.device] and int(smk._counters[q.device].abs().sum()) == 0
+
+
 @pytest.mark.parametrize("n, k", [(6144, 4096), (5120, 25600)])
 @pytest.mark.parametrize("m", [1, 5, 16, 64])
 def test_bf16_input_gemm_matches_oracle(m, n, k):

@@ -66,7 +66,7 @@ from ._blockscale_kernels import SCALE_BLOCK, promotion_block
 from ._fp8 import fp8_constexprs, group_quant_tile, to_fp32
 
 REDUCES = ("kernel", "last")
-FMA_MAX_M = 4  # the GEMV's [BLOCK_N, BLOCK_K, BLOCK_M] product lives in registers: 4 rows x 64 x 128 fp32 is enough
+FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
 # Until "last" passes tests/kernels/test_blockscale_mm_gpu.py on the GPU, the unmeasured default keeps the
 # two-launch sum that round 1 validated; measured TABLE rows (each checked by benchmarks/gemm.py) may pick "last".
@@ -255,10 +255,19 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     if tiles > COUNTER_SLOTS:
         return None
     buf = _counters.get(device)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None  # allocated inside a capture it would live in the graph's private pool
+    if buf is None and device.type != "cuda":
         buf = _counters[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    elif buf is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # allocated inside a capture it would live in the graph's private pool
+        # Allocated and zeroed on a side stream: cudagraph trees route the *current* stream's allocations to their
+        # graph pool during warmup runs too, and a block there can be handed out again when the tree restores an
+        # earlier pool checkpoint. The side stream's allocation comes from the default pool and is never freed.
+        side = torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            buf = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+        side.synchronize()
+        _counters[device] = buf
     return buf
 
 
