@@ -31,10 +31,11 @@ with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         written = fp8_fusion_pass.write_tiny_fp8_checkpoint(path, preset="qwen3-tiny")  # the model it wrote
     print("quantization_config:", json.loads((path / "config.json").read_text())["quantization_config"])
-    with safe_open(str(next(path.glob("*.safetensors"))), "pt") as f:
-        for key in [k for k in f.keys() if k.startswith("model.layers.0.mlp.gate_proj.")]:
-            t = f.get_slice(key)
-            print(f"  {key}: {t.get_dtype()} {t.get_shape()}")
+    for shard in sorted(path.glob("*.safetensors")):  # one file here, several in a published checkpoint
+        with safe_open(str(shard), "pt") as f:
+            for key in [k for k in f.keys() if k.startswith("model.layers.0.mlp.gate_proj.")]:  # noqa: SIM118
+                t = f.get_slice(key)  # (safe_open is not a dict: keys() is its API)
+                print(f"  {shard.name}: {key}: {t.get_dtype()} {t.get_shape()}")
 
     model = fp8_fusion_pass.load_fp8_checkpoint(path, device=device)  # HF Qwen3ForCausalLM with BlockFP8Linears
     print(model.quantize_summary)
