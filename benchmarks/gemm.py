@@ -151,6 +151,20 @@ def _best(candidates: dict):
     return key, ok.get(key)
 
 
+def _best_small_verified(shape: Shape, q, xs, small: dict, cand: dict):
+    """The fastest small-M config, once its in-launch split-K sum equals its two-launch twin's bit for bit (same
+    partials, same order); one that does not is marked RACY in ``small`` and ``cand`` and never chosen."""
+    while True:
+        cfg, t = _best(small)
+        if cfg is None or cfg.split_k == 1:
+            return cfg, t
+        y = bm.run("small_m", q, xs, *shape.w8[0], torch.bfloat16, config=cfg)
+        if torch.equal(y, bm.run("small_m", q, xs, *shape.w8[0], torch.bfloat16, config=sweep.with_kernel_reduce(cfg))):
+            return cfg, t
+        log(f"  small_m {cfg}: RACY (differs from its two-launch twin)")
+        small[cfg] = cand[("small_m", cfg)] = "RACY"
+
+
 def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
     """At the best small-M config: its two-launch twin (idea 1), group_quant + GEMM, and the bf16-input GEMM."""
     w8 = shape.w8
@@ -180,12 +194,12 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
             small[cfg] = cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
     for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
         cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
+    sm_cfg, sm_best = _best_small_verified(shape, q, xs, small, cand)
     (path, cfg), best = _best(cand)
     if cfg is None and path == "tiled":  # a kernel default: pin it so a heuristic change cannot move it
         cfg = default_tiled_config(m, a)
     roof = shape.roofline_us(m, bw)
     cub = cand[("cublas", None)]
-    sm_cfg, sm_best = _best({c: v for c, v in small.items() if c.reduce == "last"})
     row = {
         "N": n, "K": k, "M": m, "roofline_us": roof, "bf16_us": bf16, "cublas_us": cub,
         "tiled_us": cand[("tiled", None)], "small_m_default_us": cand.get(("small_m", small_default)),
