@@ -42,7 +42,8 @@ log = logging.getLogger("fp8_fusion_pass")
 
 PACKAGE = pathlib.Path(__file__).resolve().parent
 # Sources whose change must change uuid(): the pass, its guards, the patterns, the op schemas and the small-M table.
-HASHED = ("fusion_pass.py", "guards.py", "config.py", "patterns/*.py", "kernels/ops.py", "kernels/small_m.py")
+HASHED = ("fusion_pass.py", "guards.py", "config.py", "scale_semantics.py", "patterns/*.py", "kernels/ops.py",
+          "kernels/small_m.py")
 
 # CustomInferenceAwareGraphPass (torch 2.12+) is told whether the graph is an inference graph; on 2.11 we ask
 # the caller's frame (see _is_inference).
@@ -76,10 +77,13 @@ class FP8FusionPass(_Base):
         for path in hashed_files():
             h.update(_rel(path).encode())
             h.update(path.read_bytes())
+        from . import scale_semantics
         from .kernels import backends
 
+        # The scale-semantics registry is user-extensible at run time: an op registered after a compile must not
+        # be served the cached graph compiled before it (its fill would stay).
         extra = (_fingerprint(self.config), torch.__version__, torch.are_deterministic_algorithms_enabled(),
-                 backends.explicit_choice())
+                 backends.explicit_choice(), scale_semantics.fingerprint())
         h.update(repr(extra).encode())
         return h.hexdigest()
 

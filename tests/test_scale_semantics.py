@@ -74,16 +74,20 @@ def test_register_rejects_non_ops():
 
 
 def test_register_unregister_and_fingerprint():
-    before = ss.fingerprint()
+    from fp8_fusion_pass.fusion_pass import FP8FusionPass
+
+    before, uuid_before = ss.fingerprint(), FP8FusionPass().uuid()
     entry = ss.register_scale_writer(UNREG, "scale", "overwrites", evidence="test")
     try:
         assert entry.op == "fp8_fusion_test::unreg_quant.default"
         assert ss.scale_semantics_of(UNREG, "scale") == "overwrites"
         assert ss.fingerprint() != before
+        # a registration changes the pass's cache key: no graph compiled before it is served after it
+        assert FP8FusionPass().uuid() != uuid_before
     finally:
         assert ss.unregister_scale_writer(UNREG, "scale") == entry
     assert ss.scale_semantics_of(UNREG, "scale") is None
-    assert ss.fingerprint() == before
+    assert ss.fingerprint() == before and FP8FusionPass().uuid() == uuid_before
 
 
 def test_entry_for_an_op_defined_later_is_checked_when_seen():
