@@ -86,8 +86,26 @@ def can_run_fusion(switch: str, bit_exact: bool, config: FusionConfig, env_disab
         return reject("disabled_by_env", f"{ENV_DISABLE} lists {switch}")
     if deterministic and not bit_exact:
         return reject("deterministic_mode", "torch.are_deterministic_algorithms_enabled() is True and this fusion "
-                      "is not bit-exact (reduction order may move a value by one fp8 step)")
+                      "is not bit-exact (reduction order, or a backend that skips the bf16 rounding, may move a value by one fp8 step)")
     return OK
+
+
+# Backends whose fused kernels reproduce the unfused ops' bf16 roundings, so a fusion declared bit-exact (silu)
+# really is. aiter's fused kernels keep fp32 up to the fp8 cast (kernels/aiter.py docstring): on aiter no fusion
+# is bit-exact, and deterministic mode keeps them all off.
+BIT_EXACT_BACKENDS = ("reference", "triton")
+
+
+def is_bit_exact(declared: bool, op: str, device: torch.device) -> bool:
+    """``declared`` (the fusion table's promise) holds only on a backend that keeps the unfused roundings."""
+    if not declared:
+        return False
+    from .kernels import backends
+
+    try:
+        return backends.backend_for(op, device) in BIT_EXACT_BACKENDS
+    except Exception:  # noqa: BLE001 - no backend: can_run_kernel gives the reason; here, assume not exact
+        return False
 
 
 # ---------------------------------------------------------------- dtype, device, shape

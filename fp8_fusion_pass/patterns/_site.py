@@ -113,7 +113,8 @@ def check(site: Site, config, env_disabled, deterministic) -> guards.Verdict:
     q_in = _graph.val(site.quant_input)
     residual = _graph.val(site.residual_in) if site.residual_in is not None else None
     return guards.first_failure(
-        lambda: guards.can_run_fusion(f.switch, f.bit_exact, config, env_disabled, deterministic),
+        lambda: guards.can_run_fusion(f.switch, guards.is_bit_exact(f.bit_exact, f.fused_op, x.device), config,
+                                      env_disabled, deterministic),
         lambda: guards.can_dtype(x, _graph.val(site.weight) if site.weight is not None else None, residual),
         lambda: guards.can_dtype(q_in),
         lambda: guards.can_eps(site.eps) if site.weight is not None else guards.OK,

@@ -123,3 +123,17 @@ def test_first_failure_is_lazy():
     calls = []
     v = guards.first_failure(lambda: guards.reject("k_dynamic"), lambda: calls.append(1) or guards.OK)
     assert v.reason == "k_dynamic" and not calls
+
+
+def test_bit_exact_only_on_backends_that_keep_the_roundings(monkeypatch):
+    from fp8_fusion_pass.kernels import backends
+
+    cpu = torch.device("cpu")
+    assert guards.is_bit_exact(True, "silu_mul_group_quant", cpu)  # reference on the CPU
+    assert not guards.is_bit_exact(False, "rms_norm_group_quant", cpu)
+    # aiter's fused kernels skip the bf16 rounding: deterministic mode must then keep the silu fusion off too
+    monkeypatch.setattr(backends, "backend_for", lambda op, device: "aiter")
+    assert not guards.is_bit_exact(True, "silu_mul_group_quant", cpu)
+    verdict = guards.can_run_fusion("silu_quant", guards.is_bit_exact(True, "silu_mul_group_quant", cpu),
+                                    FusionConfig(), (), deterministic=True)
+    assert verdict.reason == "deterministic_mode"
