@@ -23,3 +23,9 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_commands_pin_the_cpu_torch_wheel():
     for block in _bash_blocks((ROOT / "README.md").read_text())[:2]:
         assert "torch==2.13.0" in block, f"an unpinned torch pulls a multi-GB CUDA build: {block}"
+
+
+def test_test_module_basenames_are_unique():
+    # pytest's default import mode puts each test dir on sys.path: two test files with one basename collide.
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
