@@ -1,6 +1,6 @@
 """GPU: the pass on CUDA graphs with the Triton kernels, with and without CUDA graphs (mode="reduce-overhead").
 
-    python -m pytest tests/patterns/test_models_gpu.py -m gpu -q -s
+    python -m pytest tests/patterns/test_pass_gpu.py -m gpu -q -s
 
 Same counts as on the CPU; outputs with vs without the pass within the numerics contract; a real-shape Qwen3-8B
 slice (2 layers) at decode batch sizes.
