@@ -2,8 +2,11 @@
 what it claims: exact fused counts, the reasons for what stayed unfused, outputs close to eager.
 
 One subprocess per example: a fresh interpreter is what users get (no Dynamo cache, no backend registered,
-nothing imported by other tests). Together about 2 minutes on the loaded 2-core CI box (each is 7 - 50 s
-there, mostly Inductor's CPU compile of the tiny models).
+nothing imported by other tests). That is not a nicety: in one process that had imported
+``fp8_fusion_pass.backend`` first, ``backend="fp8_fusion"`` worked, while a fresh ``import fp8_fusion_pass``
+with the package installed failed with Dynamo's "duplicate name: fp8_fusion" (fixed in e1879b3).
+Together 105 - 160 s on the loaded 2-core box (75 s of CPU), each example 9 - 35 s, mostly Inductor's CPU compile
+of the tiny models.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -25,7 +26,7 @@ EXAMPLES = ROOT / "examples"
 # (COMPILED_VS_EAGER_REL_ERR, Inductor's own bf16-intermediate noise on these block-FP8 models; measured 0.045
 # on HF qwen3-tiny). The examples printed 0.000 - 0.039 on the CPU; a wrong weight or graph gives ~1.
 COMPILED_VS_EAGER_REL_ERR = 0.10
-TIMEOUT_S = 300  # one example; 50 s measured for the slowest on the loaded box
+TIMEOUT_S = 300  # one example; 52 s the slowest measured on the loaded box
 
 # A tiny 2-layer Qwen3 (HF form): 2L norm sites (layer 0's input norm plain, 2L-1 after a residual add), L silu
 # sites, q/k/v and gate/up each collapse to one quant (2 + 1 dropped quants per layer); rejected: q_norm and
@@ -33,19 +34,12 @@ TIMEOUT_S = 300  # one example; 50 s measured for the slowest on the loaded box
 HF_QWEN3_2L = {"norm_quant": 1, "add_norm_quant": 3, "silu_quant": 2, "dedup_quant": 6, "fills_stripped": 0,
                "fills_kept": 0, "rejected": 7, "errors": 0}
 
-# The pass engineer's open bug (reported): with the package installed, backend="fp8_fusion" before anything
-# imported fp8_fusion_pass.backend fails, because loading the entry point imports the module, whose import-time
-# registration makes Dynamo's own registration of the entry point raise.
-KNOWN_ENTRY_POINT_BUG = "duplicate name: fp8_fusion"
-
 
 def run_example(name: str, *args: str) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
-    if proc.returncode != 0 and KNOWN_ENTRY_POINT_BUG in proc.stderr:
-        pytest.xfail(f"{name}: backend='fp8_fusion' hits the entry-point double registration in backend.py")
     assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "fp8_fusion_pass:" not in proc.stderr, f"the pass warned (a guard or replacement raised):\n{proc.stderr}"
     print(proc.stdout)
