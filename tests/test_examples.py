@@ -72,6 +72,7 @@ def test_compile_hf_qwen3():
     check_errors_small(out, 1)
     generated = re.search(r"-> generated (\[.*\])", out)
     assert generated and len(ast.literal_eval(generated.group(1))) == 6, out
+    assert "graphs compiled: 1 " in out  # the fixed-length decoding buffer: no recompile per token
     for reason in ("no_quant_consumer", "producer_not_fusable"):  # the rendered table shows each rejection
         assert reason in out
 
