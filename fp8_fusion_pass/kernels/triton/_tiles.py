@@ -34,7 +34,6 @@ import dataclasses
 
 import torch
 import triton
-import triton.language as tl
 
 from ... import arch
 
@@ -46,8 +45,6 @@ MAX_ONE_PASS_K = 8192  # longest row kept in registers: 16 warps x 32 threads x 
 CHUNK = 1024  # columns per step of the two-pass row loop: divides 5120, 25600, 12288, 14336, 28672
 INTERPRETER_TILE = 1 << 15  # elements per program under TRITON_INTERPRET=1 (numpy: size is cheap, count is not)
 MIN_EFFICIENCY = 0.875  # accept a group chunk if at most 1/8 of its lanes are masked past the row end
-
-TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ same order, so they agree bit for bit; the DESIGN.md bound (one fp8 step on a sm
 Numerics (``reference.rms_norm``, HF ``Qwen3RMSNorm``):
   s    = (x + residual) rounded to x.dtype              (add variants; stored as residual_out)
   rstd = 1 / sqrt(sum(s^2) / K + eps)                   (fp32; correctly rounded division and sqrt)
-  y    = w * (s * rstd rounded to x.dtype)              (rounded to promote(x.dtype, w.dtype), as torch does)
+  y    = w * (s * rstd rounded to x.dtype)              (rounded to x.dtype; ops.py requires w.dtype == x.dtype)
 then ``group_quant_tile(y)`` in the fused variants. Each program owns BLOCK_M whole rows and reads x (and the
 residual) once from HBM: one-pass tiles keep the rows in registers; the two-pass loop re-reads them from L2.
 """
@@ -47,11 +47,12 @@ def _load_chunk(x_ptr, r_ptr, res_out_ptr, rows, row_ok, g0, K, stride_x, stride
 
 @triton.jit
 def _normalize_store(xf, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, mask, cols, g0, K, NG,
-                     PROD_DTYPE: tl.constexpr, QUANT: tl.constexpr, GPC: tl.constexpr, FP8_MAX: tl.constexpr,
+                     QUANT: tl.constexpr, GPC: tl.constexpr, FP8_MAX: tl.constexpr,
                      FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):
     w = tl.load(w_ptr + cols, mask=cols < K, other=0.0)  # [1, GPC, G], L2-resident (every program reads it)
     normed = round_to(xf * rstd[:, None, None], x_ptr.dtype.element_ty, EMULATE_CAST)  # HF: .to(input_dtype)
-    y = round_to(to_fp32(w, EMULATE_CAST) * to_fp32(normed, EMULATE_CAST), PROD_DTYPE, EMULATE_CAST)  # w * normed
+    # w * normed in x.dtype (ops.py requires w.dtype == x.dtype): exact product in fp32, one RTNE rounding
+    y = round_to(to_fp32(w, EMULATE_CAST) * to_fp32(normed, EMULATE_CAST), x_ptr.dtype.element_ty, EMULATE_CAST)
     if QUANT:
         q, scale = group_quant_tile(to_fp32(y, EMULATE_CAST), q_ptr.dtype.element_ty,
                                     FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
@@ -59,8 +60,7 @@ def _normalize_store(xf, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, 
         groups = g0 + tl.arange(0, GPC)
         tl.store(s_ptr + rows[:, None] * NG + groups[None, :], scale, mask=row_ok[:, None] & (groups < NG)[None, :])
     else:
-        tl.store(y_ptr + rows[:, None, None] * K + cols, round_to(to_fp32(y, EMULATE_CAST), y_ptr.dtype.element_ty,
-                                                                  EMULATE_CAST), mask=mask)
+        tl.store(y_ptr + rows[:, None, None] * K + cols, y, mask=mask)
 
 
 @triton.jit
@@ -81,7 +81,6 @@ def _rms_norm_kernel(
     TAIL: tl.constexpr,  # ONE_PASS: groups of a second tile after the first (K = 5120: 32 + 8); 0 = none
     BLOCK_M: tl.constexpr,  # rows per program; grid (cdiv(M, BLOCK_M),)
     ONE_PASS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr,
-    PROD_DTYPE: tl.constexpr,  # promote(x.dtype, w.dtype): the dtype of HF's ``weight * normed``
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -99,10 +98,10 @@ def _rms_norm_kernel(
             sum_sq += tl.sum(tl.sum(xt * xt, 2), 1)
         rstd = _rstd(sum_sq, K, eps)
         _normalize_store(xf, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, mask, cols, 0, K, NG,
-                         PROD_DTYPE, QUANT, GPC, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+                         QUANT, GPC, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
         if TAIL > 0:
             _normalize_store(xt, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, mask_t, cols_t, GPC, K, NG,
-                             PROD_DTYPE, QUANT, TAIL, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+                             QUANT, TAIL, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
     else:
         # Pass 1 reads HBM and keeps the rows in L2 (evict_last); pass 2 re-reads them from there.
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -115,7 +114,7 @@ def _rms_norm_kernel(
             xf, mask, cols = _load_chunk(x_ptr, r_ptr, res_out_ptr, rows, row_ok, g0, K, stride_x, stride_r,
                                          HAS_RESIDUAL, False, "evict_first", GPC, G, EMULATE_CAST)
             _normalize_store(xf, rstd, x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, rows, row_ok, mask, cols, g0, K, NG,
-                             PROD_DTYPE, QUANT, GPC, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+                             QUANT, GPC, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
 
 
 # fmt: on
@@ -144,11 +143,9 @@ def launch(
     q = torch.empty((m, k), dtype=arch.arch_of(dev).fp8_dtype, device=dev) if quant else x2
     scale = torch.empty((m, k // g), dtype=torch.float32, device=dev) if quant else x2
     if m > 0:
-        prod = _tiles.TL_DTYPES[torch.promote_types(x.dtype, w.dtype)]
         _rms_norm_kernel[(triton.cdiv(m, tile.block_m),)](
             x2, r2, w, y, res_out, q, scale, m, k, x2.stride(0), r2.stride(0), eps,
             G=g, ONE_PASS=tile.one_pass, TAIL=tile.tail, HAS_RESIDUAL=residual is not None, QUANT=quant,
-            PROD_DTYPE=prod,
             **fp8_constexprs(dev), **tile.as_kwargs(),
         )  # fmt: skip
     out = (q.view(x.shape), scale.view(*x.shape[:-1], k // g)) if quant else y.view(x.shape)
