@@ -26,3 +26,14 @@ GEMM_REL_ERR_FP32_OUT = 1e-4
 MODEL_FP8_VS_BF16_REL_ERR = 0.25
 # Same model compiled with vs without the pass, relative L2 error of logits (norm fusion flips a few fp8 values).
 MODEL_PASS_VS_NO_PASS_REL_ERR = 0.05
+# ... but on HF-form graphs Inductor itself moves the logits: it keeps the unfused norm / silu in fp32 where eager
+# (and our fused ops) round to bf16 twice, and fp8 quantization turns those ulps into whole fp8 steps. Measured:
+# qwen3-tiny HF CPU, compile without the pass vs eager 0.057 (the pass vs eager 0.040); qwen3-8b 2-layer decode on
+# the H200, with vs without the pass 0.085. So model tests compare both compiles with EAGER and require the pass to
+# be no farther from eager than this factor times Inductor's own distance (or the bound above, whichever is larger).
+PASS_VS_EAGER_NOISE_FACTOR = 1.5
+
+
+def pass_vs_eager_bound(plain_vs_eager: float) -> float:
+    """Largest allowed rel L2 of (compiled with the pass) vs eager, given (compiled without it) vs eager."""
+    return max(MODEL_PASS_VS_NO_PASS_REL_ERR, PASS_VS_EAGER_NOISE_FACTOR * plain_vs_eager)

@@ -19,11 +19,9 @@ from fp8_fusion_pass.models import build_model, example_inputs
 
 pytestmark = pytest.mark.gpu
 
-# This module's tolerance table.
-# With vs without the pass on the GPU, relative L2 of logits. On the CPU the engine form is bit-identical (fused
-# ops = reference); on the GPU the fused Triton norm kernels reduce in another order than the unfused ones (one
-# fp8 step on a bounded fraction of values, DESIGN.md), so the lead's model bound applies to both forms.
-PASS_VS_NO_PASS = tolerances.MODEL_PASS_VS_NO_PASS_REL_ERR
+# Tolerances: tests/tolerances.py pass_vs_eager_bound. On the GPU the fused Triton norm kernels reduce in another
+# order than the unfused ones (one fp8 step on a bounded fraction of values, DESIGN.md) and Inductor computes the
+# unfused HF norm in fp32, so both compiles are compared with eager.
 NO_CACHE = {"fx_graph_cache": False}
 
 
@@ -40,6 +38,7 @@ def _compile_pair(model, inputs, mode):
     torch._dynamo.reset()
     report_mod.clear_reports()
     with torch.no_grad():
+        _compile_pair.eager = _logits(model(*inputs)).clone()
         fused_fn = torch.compile(model, backend=fp8_fusion_pass.backend(**NO_CACHE), mode=mode)
         fused = [_logits(fused_fn(*inputs)).clone() for _ in range(3)][-1]  # CUDA graphs record on call 2-3
         reports = report_mod.all_reports()
@@ -67,9 +66,7 @@ def test_tiny_qwen3_on_cuda(form, mode):
     assert (c.get("norm_quant"), c.get("add_norm_quant"), c.get("silu_quant")) == (1, 2 * layers - 1, layers), (
         reports[0].render())
     assert not reports[0].errors
-    err = _rel(fused, plain)
-    print(f"qwen3-tiny {form} mode={mode}: with vs without the pass, logits rel L2 {err:.4f}")
-    assert err < PASS_VS_NO_PASS
+    _assert_close_to_eager(fused, plain, f"qwen3-tiny {form} mode={mode}")
 
 
 @pytest.mark.parametrize("batch", [1, 16])
@@ -79,6 +76,11 @@ def test_qwen3_8b_slice_decode(batch):
     fused, plain, reports = _compile_pair(model, inputs, "reduce-overhead")
     c = reports[0].counts()
     assert (c.get("norm_quant"), c.get("add_norm_quant"), c.get("silu_quant")) == (1, 3, 2), reports[0].render()
-    err = _rel(fused, plain)
-    print(f"qwen3-8b x2 layers, decode batch {batch}: with vs without the pass, logits rel L2 {err:.4f}")
-    assert err < PASS_VS_NO_PASS
+    _assert_close_to_eager(fused, plain, f"qwen3-8b x2 layers, decode batch {batch}")
+
+
+def _assert_close_to_eager(fused, plain, what):
+    eager = _compile_pair.eager
+    err, noise = _rel(fused, eager), _rel(plain, eager)
+    print(f"{what}: vs eager, with the pass {err:.4f}, without {noise:.4f}; with vs without {_rel(fused, plain):.4f}")
+    assert err <= tolerances.pass_vs_eager_bound(noise)
