@@ -97,7 +97,7 @@ class _GraphPair(OutputCode):
         with torch.no_grad():
             before = self.capture.before(*args)
             after = self.capture.after(*args)
-        self.log.append(Call(self.capture, tuple(before), tuple(after)))
+        self.log.append(Call(self.capture, tuple(before), tuple(after), tuple(args)))
         return after
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
@@ -115,6 +115,7 @@ class Call:
     capture: Capture
     before: tuple  # outputs of the graph without the pass
     after: tuple  # outputs with the pass
+    args: tuple = ()  # the flat runtime arguments (parameters included): both graphs can be re-run on them
 
 
 class Recorder:
@@ -126,7 +127,10 @@ class Recorder:
         self.calls: list[Call] = []
 
     def __call__(self, gm: GraphModule, example_inputs):
-        return compile_fx(gm, example_inputs, inner_compile=self._inner)
+        # Caches off: AOTAutograd's cache would otherwise hand back a plain Inductor compile of the same graph
+        # (its key does not see ``inner_compile``), and the capture would never run.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs, inner_compile=self._inner, config_patches={"fx_graph_cache": False})
 
     def _inner(self, gm: GraphModule, example_inputs, **kwargs) -> OutputCode:
         cap = _CapturePass(self.config)
