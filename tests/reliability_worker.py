@@ -19,8 +19,27 @@ import hashlib
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WORKER = pathlib.Path(__file__).resolve()
+WORKER_TIMEOUT_S = 300  # a cold compile is ~20 s here; generous for a loaded box
+
+
+def spawn(tmp_path: pathlib.Path, name: str, *args: str, env: dict | None = None) -> dict:
+    """Run this script in a fresh process with ``tmp_path/inductor-cache`` as the Inductor cache dir (FX graph
+    cache on, FP8_FUSION_DISABLE not inherited unless in ``env``); returns its JSON."""
+    out = tmp_path / f"{name}.json"
+    inherited = {k: v for k, v in os.environ.items() if k != "FP8_FUSION_DISABLE"}
+    full_env = {**inherited, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache"),
+                "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+    proc = subprocess.run([sys.executable, str(WORKER), "--out", str(out), *args], check=False, cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
 
 
 def _barrier(directory: str | None, parties: int, timeout_s: float = 120.0) -> None:

@@ -9,34 +9,17 @@ The uuid unit tests at the bottom need no compile.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+import reliability_worker
 
 from fp8_fusion_pass import config as config_mod
 from fp8_fusion_pass import fusion_pass
 from fp8_fusion_pass.config import FusionConfig
 from fp8_fusion_pass.fusion_pass import FP8FusionPass
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "reliability_worker.py"
-WORKER_TIMEOUT_S = 300  # a cold compile is ~20 s here; generous for a loaded box
-
-
-def run_worker(tmp_path: pathlib.Path, name: str, *args: str, env: dict | None = None) -> dict:
-    out = tmp_path / f"{name}.json"
-    inherited = {k: v for k, v in os.environ.items() if k != config_mod.ENV_DISABLE}
-    full_env = {**inherited, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache"),
-                "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
-    proc = subprocess.run([sys.executable, str(WORKER), "--out", str(out), *args], check=False, cwd=ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+run_worker = reliability_worker.spawn
 
 
 def fused(result: dict) -> dict:
