@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import types
 
 import torch
 
@@ -279,10 +280,10 @@ def check_per_tensor_quant(x):
 
 @triton.jit
 def _cast_kernel(x_ptr, q_ptr, b_ptr, N, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
-                 FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):  # fmt: skip
+                 FNUZ: tl.constexpr, PTX: tl.constexpr, EMULATE_CAST: tl.constexpr):  # fmt: skip
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
-    q = _fp8.cast_fp8(x, q_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+    q = _fp8.cast_fp8(x, q_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)
     tl.store(q_ptr + offs, q, mask=offs < N)
     tl.store(b_ptr + offs, _fp8.round_to(x, tl.bfloat16, EMULATE_CAST), mask=offs < N)
 
@@ -296,15 +297,17 @@ def check_casts(fp8: torch.dtype, device: str, emulate: bool):
     g = torch.Generator().manual_seed(1)
     scales = torch.exp2(torch.randint(-30, 12, (2**17,), generator=g).float())  # subnormal fp8 to beyond max
     rand = torch.randn(2**17, generator=g) * scales
-    ties = torch.tensor([1.0625, 1.1875, -1.0625, 2**-9 * 1.5, 2**-10, 0.0, -0.0, 126.56, 447.9, float("nan"),
-                         fp8_max + 8, fp8_max + 16, fp8_max + 32, -1e30, float("inf"), float("-inf"), 3e38])  # fmt: skip
+    beyond = [fp8_max + 8, fp8_max + 16, fp8_max + 32, -1e30, float("inf"), float("-inf"), 3e38]  # saturate
+    ties = torch.tensor([1.0625, 1.1875, -1.0625, 2**-9 * 1.5, 2**-10, 0.0, -0.0, 126.56, 447.9, float("nan"), *beyond])
     x = torch.cat([every_bf16, rand, ties]).to(device)  # NOT clamped: saturation is cast_fp8's job
     q = torch.empty(x.shape, dtype=fp8, device=device)
     b = torch.empty(x.shape, dtype=BF16, device=device)
     block = 1 << 16 if device == "cpu" else 1024  # interpreter: few big programs; GPU: a normal tile
+    # emulate: the interpreter's software path; else the device's (on NVIDIA the saturating hardware cast, PTX)
+    ptx = not emulate and _fp8.kernel_constexprs(torch.device(device))["PTX"]
     _cast_kernel[(triton.cdiv(x.numel(), block),)](
         x, q, b, x.numel(), BLOCK=block, FP8_MAX=fp8_max, FP8_MIN_EXP=arch.fp8_min_normal_exp(fp8),
-        FNUZ=fp8 == torch.float8_e4m3fnuz, EMULATE_CAST=emulate,
+        FNUZ=fp8 == torch.float8_e4m3fnuz, PTX=ptx, EMULATE_CAST=emulate,
     )  # fmt: skip
     want = x.clamp(-fp8_max, fp8_max).to(fp8)  # clamp keeps NaN
     nan = x.isnan()
@@ -325,7 +328,32 @@ def _div_kernel(y_ptr, s_ptr, q_ptr, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     y = tl.load(y_ptr + offs, mask=offs < N, other=1.0)
     s = tl.load(s_ptr + offs, mask=offs < N, other=1.0)
-    tl.store(q_ptr + offs, _fp8.div_by_scale(y, s), mask=offs < N)
+    r, s_fin = _fp8.reciprocal_of(s)
+    tl.store(q_ptr + offs, _fp8.div_by_scale(y, s_fin, r), mask=offs < N)
+
+
+@triton.jit
+def _scale_kernel(a_ptr, s_ptr, N, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(s_ptr + offs, _fp8.scale_of(tl.load(a_ptr + offs, mask=offs < N, other=1.0), FP8_MAX), mask=offs < N)
+
+
+def check_scale(device: str):
+    """scale_of (a constant reciprocal and two fmas) == max(amax, 1e-10) / FP8_MAX divided on the CPU, bit for bit:
+    every non-negative bf16 value (0, subnormals, inf, NaN included) and 2^18 random fp32 ones, both fp8 flavours."""
+    g = torch.Generator().manual_seed(3)
+    every_bf16 = torch.arange(0, 2**15, dtype=torch.int32).to(torch.int16).view(BF16).float()
+    rand = torch.exp2(torch.empty(1 << 18).uniform_(-149, 128, generator=g)) * (1 + torch.rand(1 << 18, generator=g))
+    amax = torch.cat([every_bf16, rand, torch.tensor([0.0, 1e-10, float("inf"), float("nan"), 3.4e38])])
+    for fp8_max in (448.0, 240.0):
+        want = amax.clamp(min=ref.AMAX_FLOOR) / fp8_max  # CPU: IEEE division
+        got = torch.empty(amax.shape, device=device)
+        block = 1 << 14 if device == "cpu" else 1024
+        _scale_kernel[(triton.cdiv(amax.numel(), block),)](amax.to(device), got, amax.numel(), BLOCK=block,
+                                                           FP8_MAX=fp8_max)  # fmt: skip
+        got = got.cpu()
+        same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+        assert same.all(), f"FP8_MAX={fp8_max}: {int((~same).sum())} scales differ, e.g. amax={amax[~same][:3]}"
 
 
 def check_division(device: str):
@@ -349,7 +377,8 @@ def check_division(device: str):
     q = torch.empty_like(ys)
     block = 1 << 14 if device == "cpu" else 1024
     _div_kernel[(triton.cdiv(ys.numel(), block),)](ys, ss, q, ys.numel(), BLOCK=block)
-    want = ys / ss
+    want = ys.cpu() / ss.cpu()  # IEEE division (tensor by tensor); byte-compared, so the sign of zero counts
+    q = q.cpu()
     same = (q.view(torch.int32) == want.view(torch.int32)) | (q.isnan() & want.isnan())
     assert same.all(), (
         f"{int((~same).sum())} quotients differ, e.g. y={ys[~same][:3].tolist()} s={ss[~same][:3].tolist()}"
@@ -362,6 +391,11 @@ cpu_only = pytest.mark.skipif(not _on_cpu_interpreter(), reason="the CPU interpr
 @cpu_only
 def test_division_by_the_scale_is_exact():
     check_division("cpu")
+
+
+@cpu_only
+def test_scale_is_the_correctly_rounded_quotient():
+    check_scale("cpu")
 
 
 @cpu_only
@@ -473,8 +507,11 @@ def test_gpu_tile_choices(monkeypatch):
             t = _gpu_tiles(monkeypatch, _tiles.row_tile, m, k, 128)
             # every listed hidden size stays in registers: 2^a groups, or 2^a + 2^b (5120 = 32 + 8 groups)
             assert t.one_pass and (t.gpc + t.tail) * 128 == k and t.tail in (0, 8), (k, m, t)
-            if m >= 2048:  # >= 2 rows per program (w re-read), and the grid still covers the GPU
-                assert t.block_m >= _tiles.MIN_ROWS and triton.cdiv(m, t.block_m) >= _tiles.TARGET_PROGRAMS, t
+            # persistent programs that prefetch, 32 values per thread in the main tile, >= 4 warps at large M
+            assert t.per_sm > 0 and t.prefetch, t
+            assert t.block_m * t.gpc * 128 == _tiles.VALUES_PER_THREAD * 32 * t.num_warps or m < 4, (k, m, t)
+            if m >= 2048:
+                assert t.num_warps >= _tiles.MIN_WARPS, t
     t = _gpu_tiles(monkeypatch, _tiles.row_tile, 8192, 7168, 128)  # 56 groups = 32 + 16 + 8: the two-pass loop
     assert not t.one_pass and 7168 % (t.gpc * 128) == 0, t
     for n in (3072, 3200, 5120, 12288, 14336, 25600, 28672):
@@ -484,6 +521,31 @@ def test_gpu_tile_choices(monkeypatch):
             assert t.block_m * t.gpc * 128 <= _tiles.TILE and (programs >= _tiles.TARGET_PROGRAMS or t.gpc == 1)
             used = (n // 128) / (triton.cdiv(n // 128, t.gpc) * t.gpc)
             assert used >= _tiles.MIN_EFFICIENCY, (n, m, t)
+
+
+def test_persistent_grid_fits_the_sm(monkeypatch):
+    """A persistent grid never exceeds the programs that fit on an SM (registers, warps, shared memory, 32 blocks):
+    the rest would run as a serial second wave. H200 numbers: 64K registers, 64 warps, 228 KB per SM."""
+    props = types.SimpleNamespace(max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+                                  shared_memory_per_multiprocessor=233472, multi_processor_count=132)  # fmt: skip
+    monkeypatch.setattr(_tiles, "_device", lambda index: props)
+    cuda = torch.device("cuda", 0)
+
+    def kernel(regs, shared=0):
+        return types.SimpleNamespace(n_regs=regs, metadata=types.SimpleNamespace(shared=shared))
+
+    assert _tiles.resident_programs(kernel(96), 4, cuda) == 5  # K=4096 default tile: 96 registers, 4 warps
+    assert _tiles.resident_programs(kernel(128), 4, cuda) == 4
+    assert _tiles.resident_programs(kernel(156), 4, cuda) == 3  # 160 allocated: 5120 per warp
+    assert _tiles.resident_programs(kernel(32), 1, cuda) == 32  # the block limit
+    assert _tiles.resident_programs(kernel(40, shared=96 * 1024), 4, cuda) == 2  # shared memory
+    assert _tiles.resident_programs(kernel(None), 4, cuda) is None
+    if _on_cpu_interpreter():
+        return  # programs() sizes grids only on a GPU launch
+    tile = _tiles.Tile(1, 32, 4, per_sm=32, prefetch=True)
+    _tiles.note_resident(("test",), kernel(96), tile, cuda)
+    assert _tiles.programs(tile, 8192, cuda, ("test",)) == 5 * 132
+    assert _tiles.programs(tile, 100, cuda, ("test",)) == 100
 
 
 GPU_TILE_MS = (8192, 2048, 16, 1)  # the M buckets whose GPU tiles the interpreter replays on a small odd M
@@ -639,6 +701,7 @@ class TestCuda:
 
     def test_division(self):
         check_division(self.DEV)
+        check_scale(self.DEV)
 
     @pytest.mark.parametrize("m", [1, 17, 4097])  # 4097: the large-M tiles (>= 2 rows per program), a partial last
     @pytest.mark.parametrize("k", HIDDEN + (8192,))

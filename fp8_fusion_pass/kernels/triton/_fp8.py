@@ -2,12 +2,17 @@
 
 Every quant kernel calls ``group_quant_tile`` so that all of them round identically to ``reference.group_quant``:
   amax  = max |y| over the group (NaN propagates: a NaN anywhere gives that group a NaN scale, nothing else)
-  scale = max(amax, 1e-10) / FP8_MAX                      (correctly rounded division, as torch's ``/``)
+  scale = max(amax, 1e-10) / FP8_MAX                      (correctly rounded division, as torch's ``/`` on the CPU)
   q     = cast_fp8(clamp(y / scale, -FP8_MAX, FP8_MAX))   (correctly rounded division, RTNE cast)
-Bit-exact with the torch reference: both divisions are correctly rounded (plain ``/`` lowers to the approximate
-``div.full.f32`` on NVIDIA, 2 ulp), max is exact, and both casts round to nearest even. ``div_by_scale`` gets the
-per-value y / scale right with one division per *group* and two fmas per value (``div.rn.f32`` per value is a
-~10-instruction sequence with an SFU op: a fifth of the norm kernel's ALU budget at the HBM roofline).
+Bit-exact with the reference computed on the CPU. (torch on CUDA divides by a Python scalar as a multiplication by
+its fp32 reciprocal, one ulp off in 59% of groups; plain Triton ``/`` lowers to the approximate ``div.full.f32``.)
+Both divisions are exact by Markstein's theorem, the final step of CUDA's own ``div.rn``: with r = RN(1/b) and
+q0 = RN(a * r) (within one ulp), the residual a - q0 * b is exact in an fma and RN(q0 + r * residual) = RN(a / b).
+For the scale b = FP8_MAX is a constant, so r is too: 3 instructions instead of a ``div.rn`` (~10 SASS with a slow
+path). Per value, ``div_by_scale`` is one multiply and two fmas against one ``div.rn`` reciprocal per *group*.
+Counted from sm_90 SASS (Triton 3.6, offline ``ptxas``; see ``_tiles.py``), the quant step went from ~11 to ~5
+instructions per value: no select for zero quotients (the residual's sign order keeps -0) and, with ``PTX``, no
+software clamp (``cvt.rn.satfinite.e4m3x2`` saturates +-inf and out-of-range values to +-FP8_MAX, NaN to NaN).
 
 The CPU interpreter (``TRITON_INTERPRET=1``, triton 3.9) casts fp32 -> fp8 wrongly; verified here on 16 values:
 126.56 -> 64 (a mantissa carry is lost), 1.0625 -> 1.125 (ties round away, not to even), 0.0019531 -> 0 (fp8
@@ -43,6 +48,13 @@ def fp8_constexprs(device: torch.device) -> dict:
         "FNUZ": a.fp8_dtype == torch.float8_e4m3fnuz,
         "EMULATE_CAST": arch.triton_interpreting(),
     }
+
+
+def kernel_constexprs(device: torch.device) -> dict:
+    """``fp8_constexprs`` plus ``PTX``: compiling for an NVIDIA GPU (not the interpreter, not ROCm), so the
+    saturating fp8 cast and PTX inline assembly (``silu_and_mul``'s approximate exp / reciprocal) are available.
+    Kernels that take ``PTX`` pass it to ``cast_fp8`` / ``group_quant_tile`` (default False: clamp in software)."""
+    return {**fp8_constexprs(device), "PTX": arch.arch_of(device).platform == "cuda" and not arch.triton_interpreting()}
 
 
 @triton.jit
@@ -119,9 +131,12 @@ def cast_fp8(
     FP8_MIN_EXP: tl.constexpr,
     FNUZ: tl.constexpr,
     EMULATE_CAST: tl.constexpr,
+    PTX: tl.constexpr = False,
 ):
     """clamp(v, +-FP8_MAX) cast to fp8 with round-to-nearest-even; NaN stays NaN (propagating clamp)."""
-    # max/min with NaN propagation (max.NaN / min.NaN on sm80+), the same ops as the amax reduction.
+    if PTX:  # cvt.rn.satfinite.e4m3x2.f32: the clamp is part of the instruction (checked byte-exact on the GPU)
+        return v.to(out_dtype)
+    # max/min with NaN propagation (max.NaN / min.NaN), the same ops as the amax reduction.
     v = tl.minimum(max_nan(v, -FP8_MAX), FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     if EMULATE_CAST:
         return _emulated_fp8_code(v, FP8_MIN_EXP, FNUZ).to(out_dtype, bitcast=True)
@@ -129,18 +144,34 @@ def cast_fp8(
 
 
 @triton.jit
-def div_by_scale(y, scale):
-    """RN(y / scale) for y [..., G] and a scale broadcast against it, equal to IEEE division.
+def scale_of(amax, FP8_MAX: tl.constexpr):
+    """RN(max(amax, 1e-10) / FP8_MAX) exactly, for amax >= 0 / inf / NaN, with a constant reciprocal (Markstein)."""
+    a = max_nan(amax, AMAX_FLOOR)
+    rcp: tl.constexpr = 1.0 / FP8_MAX  # RN_fp32(RN_fp64(1 / FP8_MAX)) = RN_fp32(1 / FP8_MAX): 53 >= 2 * 24 + 2 bits
+    q0 = a * rcp
+    s = tl.math.fma(tl.math.fma(q0, -FP8_MAX, a), rcp, q0)
+    return tl.where(a == float("inf"), a, s)  # inf: the residual inf - inf is NaN; NaN stays NaN either way
 
-    Markstein's theorem (the final step of CUDA's own ``div.rn``): with r = RN(1/scale) and q0 = RN(y * r) within
-    one ulp, the residual y - q0 * scale is exact in an fma, and RN(q0 + r * residual) = RN(y / scale). Where
-    q0 == 0 (y = +-0, y tiny, or scale = inf) q0 itself is the quotient's fp8 value with the right sign; the
-    correction would turn -0 into +0 and, for scale = inf, 0 into NaN.
-    """
-    r = tl.math.div_rn(1.0, scale)
+
+@triton.jit
+def reciprocal_of(scale):
+    """The per-group half of ``div_by_scale``: (RN(1 / scale), scale with inf replaced by 1).
+
+    For scale = inf (a group holding +-inf), r = 0 and the stand-in 1 keeps the residual finite, so finite y give
+    +-0 (= y / inf, sign kept) and y = +-inf gives inf * 0 = NaN (= inf / inf)."""
+    return tl.math.div_rn(1.0, scale), tl.where(scale == float("inf"), 1.0, scale)
+
+
+@triton.jit
+def div_by_scale(y, scale_fin, r):
+    """RN(y / scale) for y [..., G] and ``reciprocal_of(scale)`` broadcast against it, equal to IEEE division.
+
+    q0 = RN(y * r); the residual is taken as RN(q0 * scale - y) (exact) and subtracted: for y = -0 that is
+    -0 - (+0) * r = -0, so the sign of a zero quotient survives without a select. Quotients below fp32's normal
+    range (fp32 inputs holding subnormals next to a group max >= 2^-40) may end up +-0 with either sign; their fp8
+    value is 0 regardless."""
     q0 = y * r
-    q1 = tl.math.fma(tl.math.fma(-q0, scale, y), r, q0)
-    return tl.where(q0 == 0.0, q0, q1)
+    return tl.math.fma(tl.math.fma(q0, scale_fin, y * -1.0) * -1.0, r, q0)
 
 
 @triton.jit
@@ -151,12 +182,13 @@ def group_quant_tile(
     FP8_MIN_EXP: tl.constexpr,
     FNUZ: tl.constexpr,
     EMULATE_CAST: tl.constexpr,
+    PTX: tl.constexpr = False,
 ):
     """Quantize fp32 ``y [BM, GPC, G]`` per group (the last axis). Returns ``(q [BM, GPC, G] fp8, scale [BM, GPC])``.
 
     Masked-out lanes must hold 0 (they then give amax 0 and are not stored by the caller).
     """
-    amax = amax_nan(y, 2, EMULATE_CAST)
-    scale = tl.math.div_rn(max_nan(amax, AMAX_FLOOR), FP8_MAX)
-    q = div_by_scale(y, scale[:, :, None])
-    return cast_fp8(q, out_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST), scale
+    scale = scale_of(amax_nan(y, 2, EMULATE_CAST), FP8_MAX)
+    r, scale_fin = reciprocal_of(scale)
+    q = div_by_scale(y, scale_fin[:, :, None], r[:, :, None])
+    return cast_fp8(q, out_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX), scale

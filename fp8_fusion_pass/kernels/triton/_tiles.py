@@ -4,67 +4,99 @@ Every kernel here works on 3-D tiles ``[BLOCK_M rows, GPC groups, G columns]``: 
 quant group (or, for the unquantized ops, one column block), so each group's amax is a reduction over the last
 axis and no reshape is needed. G >= 64 bf16 values gives each thread 16-byte vector loads (8 x bf16).
 
-Why these numbers (H200: 132 SMs, 64 warps / SM, 64K registers / SM, 50 MB L2, ~4.8 TB/s HBM3e):
-- Little's law: ~4.8 TB/s x ~0.7 us loaded DRAM latency ~ 3.4 MB in flight, ~26 KB per SM. A program that loads
-  a 4096-element bf16 tile (8 KB, 16 values / thread at 8 warps) with >= 4 programs resident per SM keeps
-  >= 32 KB in flight. ``TILE`` = 4096 is that budget; the 1-row-per-program kernel measured in issue 7 (K=4096,
-  4 KB tile per program) reached 191 us against a 37 us roofline.
-- ``TARGET_PROGRAMS`` = 264 (2 per SM): at small M the tile shrinks (rows first, then groups) until the grid
-  covers the GPU twice; below that the kernel is launch-bound (~3 us) whatever the tile.
-- Row kernels (norms) need the whole row in one program, and every program re-reads the norm weight w from L2.
-  At one row per program that doubles the L2 -> SM traffic (2 B of x + 2 B of w per value): ~6.4 TB/s at the
-  HBM roofline of the norm (1.6e12 values/s), at or above what an H100-class L2 serves. So rows pack to
-  ``ROW_TILE`` = 8192 values per program and never fewer than 2 rows at large M (w traffic <= x / 2).
-- A row stays in registers between the sum of squares and the normalisation (``one_pass``) when its group count
-  is a power of two or the sum of two (K = 5120: 32 + 8 groups, a main tile and a ``tail`` tile). Padding 40
-  groups to 64 (what aiter does) would spend 60% more ALU on dead lanes, and the kernel is near its ALU budget
-  (counted from the code, not measured: ~20 fp32 ops per value; 132 SMs x 128 lanes x 1.98 GHz / 1.6e12
-  values/s ~ 21 available at the roofline rate). Other rows loop over exact 1024-column
-  chunks twice (``one_pass=False``): the second pass re-reads the row from L2, not HBM.
-Under the CPU interpreter (``TRITON_INTERPRET=1``) every program costs ~25 ms of Python whatever its size
-(K=5120, M=17: 680 one-group programs took 17 s), so there the tiles grow to ``INTERPRETER_TILE`` and the grid
-shrinks to a few programs; the GPU tiles are exercised there through the ``tile=`` override in the tests.
-These are first choices from that reasoning; ``benchmarks/kernels.py --sweep`` measures the alternatives on the
-GPU and the table here is to be updated with its numbers.
+Why these numbers (H200: 132 SMs, 64 warps / SM, 64K registers / SM, 50 MB L2, 4.28 TB/s measured copy rate):
+- Issue budget. At the roofline a norm + quant moves 3 bytes per value (2 in, 1 out): 1.43e12 values/s, against
+  132 SMs x 128 lanes x 1.98 GHz = 33.4e12 lane-instructions/s: ~23 SASS instructions per value (~29 at the
+  1.25x target); group_quant the same, silu + quant (5 bytes per value) ~39. The first GPU round's kernels sat
+  at or past that limit, counted in their sm_90 SASS (offline: Triton 3.6 + ptxas + nvdisasm, no GPU):
+  ``REFERENCE_COUNTS``. The fixes: an exact scale from a constant reciprocal, no select and (NVIDIA) no software
+  clamp in the quant step (``_fp8.py``); negations Triton emitted as ``0 - x`` (3 FADD per value) written as
+  ``x * -1``; w loaded in the x tile's layout and per-row scalars for one-row blocks (no shared-memory layout
+  conversions of the row); ex2 / rcp.approx.ftz in silu; and ``VALUES_PER_THREAD`` = 32, which spreads the
+  per-row (sum reduction, two ``div.rn`` and a ``sqrt.rn``: ~90 instructions) and per-group (~20) work over
+  twice the values: 16.8 instead of 19.6 per value at K=4096, for ~96 registers.
+- Latency. Little's law: ~4.8 TB/s x ~0.7 us loaded DRAM latency ~ 3.4 MB in flight, ~26 KB per SM. The norm's
+  one-pass programs are persistent (as many per SM as fit: ``resident_programs`` reads the compiled kernel's
+  registers; a grid larger than that would run its last programs as a second, serial wave) and ``prefetch`` the
+  next row block while normalising the current one: 5 resident 4-warp programs at K=4096 keep 5 x 8 KB in
+  flight. w is loaded once per program (it was re-read from L2 for every 2 rows). The per-group kernels hold
+  4096 values per program (16 KB of silu input), ~9 programs resident per SM at ~56 registers.
+- ``TARGET_PROGRAMS`` = 264 (2 per SM): for the per-group kernels at small M the tile shrinks (rows first, then
+  groups) until the grid covers the GPU twice; below that the kernel is launch-bound (~3 us) whatever the tile.
+- A row stays in registers (``one_pass``) when its group count is a power of two or the sum of two (K = 5120:
+  32 + 8 groups, a main and a ``tail`` tile; padding 40 groups to 64, aiter's way, spends 60% more ALU on dead
+  lanes). Other rows loop over exact 1024-column chunks twice (``one_pass=False``): the second pass re-reads the
+  row from L2, not HBM.
+Under the CPU interpreter (``TRITON_INTERPRET=1``) every program or loop step costs ~25 ms of Python whatever its
+size (K=5120, M=17: 680 one-group programs took 17 s), so there the tiles grow to ``INTERPRETER_TILE`` and a
+program takes one block; the GPU tiles are exercised there through the ``tile=`` override in the tests.
+These defaults are predictions from the counts above; ``benchmarks/kernels.py --sweep`` times the alternatives on
+the GPU and prints the winners as ``MEASURED`` entries to paste below (they take precedence at group size 128).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
 
 from ... import arch
 
-TILE = 4096  # elements per program per step at large M (see module docstring)
-ROW_TILE = 8192  # elements per program of the norm kernels: w re-read from L2 once per program
-MIN_ROWS = 2  # rows per norm program at large M: the w traffic stays <= half the x traffic
+TILE = 4096  # elements per program of the per-group kernels at large M (see module docstring)
+VALUES_PER_THREAD = 32
+MIN_WARPS = 4  # norm blocks take more rows (K < 4096) until they fill 4 warps
+MAX_PER_SM = 32  # persistent norm programs per SM: an upper bound, capped by what fits (resident_programs)
+FIRST_GUESS_PER_SM = 2  # before the first launch of a kernel variant tells its registers
 TARGET_PROGRAMS = 264  # 2 programs per SM on a 132-SM H200
 MAX_ONE_PASS_K = 8192  # longest row kept in registers: 16 warps x 32 threads x 16 values
 CHUNK = 1024  # columns per step of the two-pass row loop: divides 5120, 25600, 12288, 14336, 28672
 INTERPRETER_TILE = 1 << 15  # elements per program under TRITON_INTERPRET=1 (numpy: size is cheap, count is not)
 MIN_EFFICIENCY = 0.875  # accept a group chunk if at most 1/8 of its lanes are masked past the row end
+BUCKETS = ((64, "small"), (1024, "mid"))  # M <= 64: decode; <= 1024: mid; else "large" (prefill)
+
+# SASS instructions per value, sm_90, Triton 3.6, counted offline (ptxas + nvdisasm of the compiled kernels, no
+# GPU): round 1 = the first GPU round's kernels and tiles (whole kernel / values per thread; norm: 1 row x 8 warps
+# and 2 rows x 16 warps), now = the default tiles (norm: the steady-state loop body, K=4096 and K=5120; the
+# per-group kernels: whole kernel, 4096 values at 4 warps). Budget at the roofline: 23 / 23.6 / 39.
+REFERENCE_COUNTS = {
+    "rms_norm_group_quant K=4096": {"round 1": (34.9, 40.5), "now": 16.8},
+    "rms_norm_group_quant K=5120": {"round 1": (39.2, 48.5), "now": 17.6},
+    "group_quant": {"round 1": 23.4, "now": 13.9},
+    "silu_mul_group_quant": {"round 1": 39.1, "now": 22.4},
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Tile:
-    block_m: int  # rows per program
+    block_m: int  # rows per block
     gpc: int  # groups (column blocks of G) per program step
     num_warps: int
     one_pass: bool = True  # row kernels: the whole row is one step, kept in registers
     tail: int = 0  # row kernels, one_pass: a second tile of this many groups after the first GPC (K = 5120)
+    per_sm: int = 0  # row kernels, one_pass: at most this many persistent programs per SM (0: one per row block)
+    prefetch: bool = False  # row kernels, one_pass: load the next row block before normalising the current one
 
     def as_kwargs(self) -> dict:
         return {"BLOCK_M": self.block_m, "GPC": self.gpc, "num_warps": self.num_warps}
+
+
+# Measured winners, pasted from ``benchmarks/kernels.py --sweep`` (H200): (op, K, M bucket) -> Tile, group size 128.
+# op: "rms_norm" (also serves rms_norm_group_quant and the unquantized norm: one reduction order),
+# "add_rms_norm", "silu_mul", "group_quant". Empty until the first sweep: the defaults below apply.
+MEASURED: dict[tuple[str, int, str], Tile] = {}
+
+
+def bucket_of(m: int) -> str:
+    return next((name for limit, name in BUCKETS if m <= limit), "large")
 
 
 def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _warps(elements: int, per_thread: int = 16) -> int:
-    # 16 values per thread: two 16-byte bf16 loads in flight per thread and ~40 live fp32 registers.
+def _warps(elements: int, per_thread: int = VALUES_PER_THREAD) -> int:
     return max(1, min(16, _pow2_floor(elements // (32 * per_thread))))  # Triton wants a power of two
 
 
@@ -81,20 +113,74 @@ def _budget() -> tuple[int, int]:
     return (INTERPRETER_TILE, 1) if arch.triton_interpreting() else (TILE, TARGET_PROGRAMS)
 
 
-def row_tile(m: int, k: int, g: int) -> Tile:
+def _measured(op: str, m: int, k: int, g: int) -> Tile | None:
+    if g != 128 or arch.triton_interpreting():
+        return None
+    return MEASURED.get((op, k, bucket_of(m)))
+
+
+@functools.cache
+def _device(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+# launch key -> persistent programs per SM that fit, from the first launch's compiled kernel (registers, shared
+# memory): the programs of a persistent grid must all be resident, else the last ones run as a second wave.
+_RESIDENT: dict[tuple, int] = {}
+
+
+def resident_programs(compiled, num_warps: int, device: torch.device) -> int | None:
+    """Programs of ``compiled`` (a Triton CompiledKernel) that fit on one SM at once; None if unknown."""
+    regs = getattr(compiled, "n_regs", None)
+    if not regs or device.type != "cuda":
+        return None
+    props = _device(device.index if device.index is not None else 0)
+    warps_per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // 32
+    regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    warp_regs = -(-regs * 32 // 256) * 256  # registers are allocated per warp in units of 256
+    shared = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
+    fits = [regs_per_sm // warp_regs // num_warps, warps_per_sm // num_warps, 32]
+    if shared:
+        fits.append(smem_per_sm // (shared + 1024))  # 1 KB reserved per block
+    return max(1, min(fits))
+
+
+def note_resident(key: tuple, compiled, tile: Tile, device: torch.device) -> None:
+    if tile.per_sm > 0 and key not in _RESIDENT:
+        fit = resident_programs(compiled, tile.num_warps, device)
+        if fit is not None:
+            _RESIDENT[key] = fit
+
+
+def programs(tile: Tile, m: int, device: torch.device, key: tuple = ()) -> int:
+    """Grid of a row kernel: one program per row block, or per_sm (capped by what fits) x SMs persistent ones."""
+    blocks = triton.cdiv(m, tile.block_m)
+    if tile.per_sm <= 0 or device.type != "cuda" or arch.triton_interpreting():
+        return blocks
+    per_sm = min(tile.per_sm, _RESIDENT.get(key, FIRST_GUESS_PER_SM))
+    return min(blocks, per_sm * _device(device.index if device.index is not None else 0).multi_processor_count)
+
+
+def row_tile(m: int, k: int, g: int, residual: bool = False) -> Tile:
     """Tile of the norm kernels (one program owns whole rows). Independent of the quant flag, so the fused and
     the unfused norm reduce in the same order (fused vs unfused is then bit-exact)."""
+    measured = _measured("add_rms_norm" if residual else "rms_norm", m, k, g)
+    if measured is not None:
+        return measured
     n_groups = triton.cdiv(k, g)
     main = _pow2_floor(n_groups)
     tail = n_groups - main
     tile, target = _budget()
     if k <= MAX_ONE_PASS_K and (tail == 0 or tail == _pow2_floor(tail)):
         row = n_groups * g
-        block_m = max(1, tile // TILE * ROW_TILE // row, MIN_ROWS if row >= TILE else 1)
-        block_m = min(_pow2_floor(block_m), triton.next_power_of_2(m))
-        while block_m > 1 and triton.cdiv(m, block_m) < target:
-            block_m //= 2
-        return Tile(block_m, main, max(4, _warps(block_m * row)), one_pass=True, tail=tail)
+        if tile != TILE:  # interpreter: as many rows per block as fit, one block per program
+            block_m = min(_pow2_floor(max(1, tile // row)), triton.next_power_of_2(m))
+            return Tile(block_m, main, 4, one_pass=True, tail=tail)
+        block_m = max(1, _pow2_floor(VALUES_PER_THREAD * 32 * MIN_WARPS // row))
+        block_m = min(block_m, triton.next_power_of_2(m))
+        warps = max(1, min(16, _pow2_floor(block_m * main * g // (32 * VALUES_PER_THREAD))))
+        return Tile(block_m, main, warps, one_pass=True, tail=tail, per_sm=MAX_PER_SM, prefetch=True)
     gpc = _group_chunk(n_groups, max(1, CHUNK // g))
     block_m = max(1, min(tile // TILE * 4, triton.next_power_of_2(m)))
     while block_m > 1 and triton.cdiv(m, block_m) < target:
@@ -102,8 +188,11 @@ def row_tile(m: int, k: int, g: int) -> Tile:
     return Tile(block_m, gpc, _warps(block_m * gpc * g), one_pass=False)
 
 
-def elementwise_tile(m: int, n_groups: int, g: int) -> Tile:
+def elementwise_tile(m: int, n_groups: int, g: int, op: str = "group_quant") -> Tile:
     """Tile of the per-group kernels (group quant, silu-mul): grid (row blocks, group chunks)."""
+    measured = _measured(op, m, n_groups * g, g)
+    if measured is not None:
+        return measured
     tile, target = _budget()
     budget = max(1, tile // g)
     gpc = _group_chunk(n_groups, min(budget, triton.next_power_of_2(n_groups)))

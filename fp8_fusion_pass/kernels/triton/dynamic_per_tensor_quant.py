@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ... import arch
-from ._fp8 import AMAX_FLOOR, amax_nan, cast_fp8, div_by_scale, fp8_constexprs, max_nan, to_fp32
+from ._fp8 import amax_nan, cast_fp8, div_by_scale, kernel_constexprs, max_nan, reciprocal_of, scale_of, to_fp32
 
 BLOCK = 4096  # elements per program step: 8 KB of bf16, 16 values / thread at 8 warps (see _tiles.py)
 NUM_WARPS = 8
@@ -46,10 +46,11 @@ def _amax_kernel(x_ptr, partial_ptr, N, ITERS, BLOCK: tl.constexpr, EMULATE_CAST
 
 
 @triton.jit
-def _quant_tile(x_ptr, out_ptr, offs, N, scale, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
-                FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):
+def _quant_tile(x_ptr, out_ptr, offs, N, scale_fin, r, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+                FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):
     x = to_fp32(tl.load(x_ptr + offs, mask=offs < N, other=0.0, eviction_policy="evict_first"), EMULATE_CAST)
-    q = cast_fp8(div_by_scale(x, scale), out_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+    q = cast_fp8(div_by_scale(x, scale_fin, r), out_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ,
+                 EMULATE_CAST, PTX)
     tl.store(out_ptr + offs, q, mask=offs < N)
 
 
@@ -62,6 +63,7 @@ def _per_tensor_quant_kernel(
     BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,  # tile per program; next_power_of_2(P)
     SINGLE_PROGRAM: tl.constexpr,  # one program computes the amax itself and quantizes all of x
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast (_fp8.kernel_constexprs)
 ):
     pid = tl.program_id(0)
     if SINGLE_PROGRAM:
@@ -73,16 +75,17 @@ def _per_tensor_quant_kernel(
     else:
         parts = tl.load(partial_ptr + tl.arange(0, P_BLOCK), mask=tl.arange(0, P_BLOCK) < P, other=0.0)
         amax = amax_nan(parts, 0, EMULATE_CAST)
-    scale = tl.math.div_rn(max_nan(amax, AMAX_FLOOR), FP8_MAX)
+    scale = scale_of(amax, FP8_MAX)
     if pid == 0:
         tl.store(scale_ptr, scale)
+    r, scale_fin = reciprocal_of(scale)
     if SINGLE_PROGRAM:
         for start in range(0, N, BLOCK):
-            _quant_tile(x_ptr, out_ptr, start + tl.arange(0, BLOCK), N, scale,
-                        FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+            _quant_tile(x_ptr, out_ptr, start + tl.arange(0, BLOCK), N, scale_fin, r,
+                        FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)
     else:
-        _quant_tile(x_ptr, out_ptr, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), N, scale,
-                    FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+        _quant_tile(x_ptr, out_ptr, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), N, scale_fin, r,
+                    FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)
 
 
 # fmt: on
@@ -98,7 +101,7 @@ def dynamic_per_tensor_quant(out: torch.Tensor, x: torch.Tensor, scale: torch.Te
     direct = out.is_contiguous() and out.dtype == fp8
     q = out.view(-1) if direct else torch.empty(n, dtype=fp8, device=x.device)
     s = scale.view(1) if scale.is_contiguous() else torch.empty(1, dtype=torch.float32, device=x.device)
-    consts = fp8_constexprs(x.device)
+    consts = kernel_constexprs(x.device)
     if n <= SINGLE_PROGRAM_MAX:
         _per_tensor_quant_kernel[(1,)](xf, q, s, 0, s, n, BLOCK=BLOCK, P_BLOCK=16, SINGLE_PROGRAM=True,
                                        num_warps=NUM_WARPS, **consts)  # fmt: skip

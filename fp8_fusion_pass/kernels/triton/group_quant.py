@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ... import arch
 from . import _tiles
-from ._fp8 import fp8_constexprs, group_quant_tile, to_fp32
+from ._fp8 import group_quant_tile, kernel_constexprs, to_fp32
 
 # Triton code below keeps its arguments grouped by role (one comment per group), so the formatter is off.
 # fmt: off
@@ -21,9 +21,9 @@ from ._fp8 import fp8_constexprs, group_quant_tile, to_fp32
 @triton.jit
 def store_group_quant(y, q_ptr, s_ptr, rows, row_ok, cols, mask, g0, K, G: tl.constexpr, GPC: tl.constexpr,
                       FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr,
-                      EMULATE_CAST: tl.constexpr):
+                      EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):
     """Quantize fp32 y [BLOCK_M, GPC, G] (masked lanes 0); store q [M, K] and scale [M, K/G], both contiguous."""
-    q, scale = group_quant_tile(y, q_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+    q, scale = group_quant_tile(y, q_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)
     tl.store(q_ptr + rows[:, None, None] * K + cols, q, mask=mask)
     groups = g0 + tl.arange(0, GPC)
     n_groups = K // G
@@ -38,6 +38,7 @@ def _group_quant_kernel(
     M, K, stride_x,
     G: tl.constexpr, GPC: tl.constexpr, BLOCK_M: tl.constexpr,  # grid (cdiv(M, BLOCK_M), cdiv(K/G, GPC))
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast (_fp8.kernel_constexprs)
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -47,7 +48,7 @@ def _group_quant_kernel(
     mask = row_ok[:, None, None] & (cols < K)
     x = tl.load(x_ptr + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first")
     store_group_quant(to_fp32(x, EMULATE_CAST), q_ptr, s_ptr, rows, row_ok, cols, mask, g0, K, G, GPC,
-                      FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+                      FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)
 
 
 # fmt: on
@@ -58,13 +59,13 @@ def launch(x: torch.Tensor, group_size: int, tile: _tiles.Tile | None = None):
     x2 = _tiles.rows_of(x)
     m, k = x2.shape
     n_groups = k // group_size
-    tile = tile or _tiles.elementwise_tile(m, n_groups, group_size)
+    tile = tile or _tiles.elementwise_tile(m, n_groups, group_size, "group_quant")
     q = torch.empty((m, k), dtype=arch.arch_of(x.device).fp8_dtype, device=x.device)
     scale = torch.empty((m, n_groups), dtype=torch.float32, device=x.device)
     if m > 0:
         grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n_groups, tile.gpc))
         _group_quant_kernel[grid](
-            x2, q, scale, m, k, x2.stride(0), G=group_size, **fp8_constexprs(x.device), **tile.as_kwargs()
+            x2, q, scale, m, k, x2.stride(0), G=group_size, **kernel_constexprs(x.device), **tile.as_kwargs()
         )
     return q.view(x.shape), scale.view(*x.shape[:-1], n_groups)
 

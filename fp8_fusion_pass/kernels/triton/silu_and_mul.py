@@ -5,8 +5,11 @@ x.dtype-rounded product to ``group_quant.store_group_quant``. The unfused pair s
 ``group_quant`` reloads it unchanged, so fused and unfused are bit-exact by construction.
 
 Numerics (``reference.silu_and_mul``, HF ``act_fn(gate) * up``): s = gate / (1 + exp(-gate)) in fp32, rounded to
-x.dtype; y = s * up (exact in fp32 for bf16 inputs), rounded to x.dtype. Equal to torch's up to the last fp32 ulp
-of the exp and the division before the bf16 rounding (bit-exact on the CPU interpreter in every test).
+x.dtype; y = s * up (exact in fp32 for bf16 inputs), rounded to x.dtype. Equal to torch's up to the last fp32 ulps
+of the exp and the division before the bf16 rounding (bit-exact on the CPU interpreter in every test). On NVIDIA
+(``PTX``) the exp and the reciprocal are one ``ex2.approx.ftz`` and one ``rcp.approx.ftz`` each (MUFU), what
+``tl.exp`` and ``/`` (``div.full.f32``) compute too, minus their subnormal range fix-ups: 5 instructions per value
+instead of ~12 (sm_90 SASS, counted offline), in a kernel that was at its issue budget (``_tiles.py``).
 """
 
 from __future__ import annotations
@@ -17,13 +20,30 @@ import triton.language as tl
 
 from ... import arch
 from . import _tiles
-from ._fp8 import fp8_constexprs, round_to, to_fp32
+from ._fp8 import kernel_constexprs, round_to, to_fp32
 from .group_quant import store_group_quant
 
 COLUMN_BLOCK = 128  # G of the unquantized op: I need not be a multiple of it (columns are masked)
 
 # Triton code below keeps its arguments grouped by role (one comment per group), so the formatter is off.
 # fmt: off
+
+
+@triton.jit
+def _silu(gate, PTX: tl.constexpr):
+    """gate / (1 + exp(-gate)) in fp32: F.silu before its rounding to x.dtype.
+
+    PTX: flushing subnormals costs nothing here: exp(-gate) is subnormal only for gate > 87 (then 1 + e = 1 either
+    way), 1 + e >= 1 is never subnormal, and 1 + e = inf (gate < -88.7) gives gate * 0 = -0 = gate / inf."""
+    if PTX:
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [gate * -1.4426950408889634],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        rcp = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + e],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+        return gate * rcp
+    # The approximate division (div.full.f32, 2 ulp) is hidden by the rounding to x.dtype except within 2 ulp of a
+    # bf16 midpoint (~6e-5 of values); div.rn would cost ~10 instructions per value (see _fp8.py).
+    return gate / (1.0 + tl.exp(-gate))
 
 
 @triton.jit
@@ -35,6 +55,7 @@ def _silu_and_mul_kernel(
     G: tl.constexpr, GPC: tl.constexpr, BLOCK_M: tl.constexpr,  # grid (cdiv(M, BLOCK_M), cdiv(cdiv(I, G), GPC))
     QUANT: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast, ex2 / rcp inline asm (_fp8.kernel_constexprs)
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -45,13 +66,11 @@ def _silu_and_mul_kernel(
     gate_ptrs = x_ptr + rows[:, None, None] * stride_x + cols
     gate = to_fp32(tl.load(gate_ptrs, mask=mask, other=0.0, eviction_policy="evict_first"), EMULATE_CAST)
     up = to_fp32(tl.load(gate_ptrs + I, mask=mask, other=0.0, eviction_policy="evict_first"), EMULATE_CAST)
-    # F.silu. The approximate division (div.full.f32, 2 ulp) is hidden by the rounding to x.dtype except within
-    # 2 ulp of a bf16 midpoint (~6e-5 of values); div.rn would cost ~10 instructions per value (see _fp8.py).
-    act = round_to(gate / (1.0 + tl.exp(-gate)), x_ptr.dtype.element_ty, EMULATE_CAST)
+    act = round_to(_silu(gate, PTX), x_ptr.dtype.element_ty, EMULATE_CAST)
     y = round_to(to_fp32(act, EMULATE_CAST) * up, x_ptr.dtype.element_ty, EMULATE_CAST)  # act * up, in x.dtype
     if QUANT:
         store_group_quant(to_fp32(y, EMULATE_CAST), q_ptr, s_ptr, rows, row_ok, cols, mask, g0, I, G, GPC,
-                          FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
+                          FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)
     else:
         tl.store(y_ptr + rows[:, None, None] * I + cols, y, mask=mask)
 
@@ -68,7 +87,7 @@ def launch(x: torch.Tensor, group_size: int | None, tile: _tiles.Tile | None = N
     quant = group_size is not None
     g = group_size if quant else COLUMN_BLOCK
     n_groups = triton.cdiv(i, g)
-    tile = tile or _tiles.elementwise_tile(m, n_groups, g)
+    tile = tile or _tiles.elementwise_tile(m, n_groups, g, "silu_mul")
     dev = x.device
     y = x2 if quant else torch.empty((m, i), dtype=x.dtype, device=dev)  # unused pointers get x2
     q = torch.empty((m, i), dtype=arch.arch_of(dev).fp8_dtype, device=dev) if quant else x2
@@ -76,7 +95,7 @@ def launch(x: torch.Tensor, group_size: int | None, tile: _tiles.Tile | None = N
     if m > 0 and i > 0:
         grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n_groups, tile.gpc))
         _silu_and_mul_kernel[grid](
-            x2, y, q, scale, m, i, x2.stride(0), G=g, QUANT=quant, **fp8_constexprs(dev), **tile.as_kwargs()
+            x2, y, q, scale, m, i, x2.stride(0), G=g, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs()
         )
     lead = x.shape[:-1]
     return (q.view(*lead, i), scale.view(*lead, n_groups)) if quant else y.view(*lead, i)

@@ -1,0 +1,159 @@
+"""``benchmarks/kernels.py --sweep``: time tile candidates of our Triton kernels, print the winners for ``_tiles.py``.
+
+For each (op, K, M) the kernel runs with the tile its launcher picks (``default``) and with every candidate of
+``candidates``; per (op, K, M bucket) the tile with the smallest summed time relative to the best at each M of the
+bucket wins (buckets: ``_tiles.BUCKETS``). The run ends with a ``MEASURED = {...}`` block to paste into
+``fp8_fusion_pass/kernels/triton/_tiles.py``: entries there take precedence over the launchers' defaults.
+
+Candidates (what the defaults were reasoned from, and around them):
+- norms (one-pass rows): block shapes of 16 or 32 values per thread (``_tiles.VALUES_PER_THREAD``: 32 predicted,
+  fewer instructions per value; 16 gives more warps per row), each persistent at up to 32 (= as many as fit) and
+  at 2 programs per SM, with ``prefetch``; the default shape without prefetch; and one program per row block
+  (the first GPU round's structure). Rows that are not 2^a + 2^b groups: two-pass chunks of 4, 8, 16 groups.
+- per-group kernels (silu + quant, group quant): [rows, groups] tiles of 2048 - 8192 values at 16 or 32 values
+  per thread, plus the small tiles the launcher shrinks to at small M.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import torch
+import triton
+from _timing import time_graph
+
+from fp8_fusion_pass.kernels.triton import _tiles
+
+G = 128
+TABLE_OP = {  # benchmark op -> the _tiles.MEASURED key (one row tile serves the fused and the unquantized norm)
+    "rms_norm_group_quant": "rms_norm",
+    "add_rms_norm_group_quant": "add_rms_norm",
+    "silu_mul_group_quant": "silu_mul",
+    "group_quant": "group_quant",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[sweep {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def row_candidates(k: int) -> list[_tiles.Tile]:
+    Tile = _tiles.Tile
+    n_groups = k // G
+    main = _pow2_floor(n_groups)
+    tail = n_groups - main
+    if k > _tiles.MAX_ONE_PASS_K or (tail and tail & (tail - 1)):
+        return [Tile(bm, gpc, w, one_pass=False) for bm in (1, 2, 4) for gpc in (4, 8, 16) for w in (4, 8)
+                if n_groups % gpc == 0 and 8 <= bm * gpc * G // (32 * w) <= 32]  # fmt: skip
+    out = []
+    for bm in (1, 2, 4, 8):
+        for w in (1, 2, 4, 8, 16):
+            if bm * main * G // (32 * w) not in (16, 32):
+                continue
+            out += [Tile(bm, main, w, True, tail, per_sm=p, prefetch=True) for p in (_tiles.MAX_PER_SM, 2)]
+    default = _tiles.row_tile(8192, k, G)
+    out += [dataclasses.replace(default, prefetch=False), dataclasses.replace(default, per_sm=0, prefetch=False)]
+    return list(dict.fromkeys(out))
+
+
+def elementwise_candidates(n_groups: int, m: int) -> list[_tiles.Tile]:
+    Tile = _tiles.Tile
+    out = []
+    for elements in (2048, 4096, 8192):
+        for gpc in (8, 16, 32, 64):
+            bm = elements // (gpc * G)
+            if bm < 1 or gpc > triton.next_power_of_2(n_groups):
+                continue
+            if n_groups / (triton.cdiv(n_groups, gpc) * gpc) < _tiles.MIN_EFFICIENCY:
+                continue
+            out += [Tile(bm, gpc, elements // (32 * vpt)) for vpt in (16, 32)]
+    if m <= 1024:  # what the launcher shrinks to when the grid would not cover the GPU
+        out += [Tile(1, gpc, w) for gpc in (1, 2, 4, 8) for w in (1, 2, 4) if 8 <= gpc * G // (32 * w) <= 32]
+    return list(dict.fromkeys(out))
+
+
+def default_tile(op: str, k: int, m: int) -> _tiles.Tile:
+    if op in ("silu_mul_group_quant", "group_quant"):
+        return _tiles.elementwise_tile(m, k // G, G, TABLE_OP[op])
+    return _tiles.row_tile(m, k, G, op.startswith("add_"))
+
+
+def sweep_point(case, bw: float, dry: bool) -> dict:
+    """Our kernel for ``case`` with its default tile and with every candidate."""
+    op, k, m = case.op, case.k, case.m
+    default = default_tile(op, k, m)
+    tiles = row_candidates(k) if "norm" in op else elementwise_candidates(k // G, m)
+    if dry:
+        tiles = tiles[:2]
+    timed = {}
+    for tile in dict.fromkeys([default, *tiles]):
+        try:
+            timed[tile] = time_graph(lambda i, t=tile: case.fused(i, t), case.copies, dry)
+        except Exception as e:  # noqa: BLE001 - a tile the compiler rejects (registers, shared memory)
+            log(f"  {tile}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+    best = min(timed, key=timed.get)
+    roof = case.min_bytes / bw * 1e6
+    return {
+        "op": op, "K": k, "M": m, "roofline_us": roof, "default_tile": default, "default_us": timed[default],
+        "best_tile": best, "best_us": timed[best], "default_over_best": timed[default] / timed[best],
+        "best_over_roofline": timed[best] / roof, "all": timed,
+    }  # fmt: skip
+
+
+def winners(rows: list[dict]) -> dict[tuple[str, int, str], tuple[_tiles.Tile, list[dict]]]:
+    """Per (table op, K, bucket): the tile minimising the sum over the bucket's M of time / best time at that M."""
+    groups: dict[tuple[str, int, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((TABLE_OP[r["op"]], r["K"], _tiles.bucket_of(r["M"])), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        common = set.intersection(*(set(r["all"]) for r in rs))
+        score = {t: sum(r["all"][t] / r["best_us"] for r in rs) for t in common}
+        out[key] = (min(score, key=score.get), rs)
+    return out
+
+
+def print_table(rows: list[dict], header: str) -> None:
+    print(f"\n# {header}")
+    print("# op, K, M: default tile -> best tile (best / default time, best / roofline)")
+    for r in rows:
+        print(f"# {r['op']} K={r['K']} M={r['M']}: {r['default_us']:.1f} us -> {r['best_us']:.1f} us "
+              f"({r['best_us'] / r['default_us']:.2f}x, {r['best_over_roofline']:.2f}x roofline); "
+              f"best {r['best_tile']}")  # fmt: skip
+    print("\n# Paste into fp8_fusion_pass/kernels/triton/_tiles.py (replaces MEASURED):")
+    print("MEASURED: dict[tuple[str, int, str], Tile] = {")
+    for (op, k, bucket), (tile, rs) in sorted(winners(rows).items()):
+        for r in rs:
+            t, roof = r["all"][tile], r["roofline_us"]
+            print(f"    # M={r['M']}: {t:.1f} us, {t / roof:.2f}x roofline (default tile {r['default_us']:.1f} us)")
+        print(f'    ("{op}", {k}, "{bucket}"):\n        {tile!r},')
+    print("}")
+
+
+def run(make_case, ops, sizes_of, sizes_filter, ms, bw: float, dry: bool, budget_s: float) -> list[dict]:
+    """``make_case(op, k, m, w)`` builds a benchmarks/kernels.py Case. Stops starting new points past budget_s."""
+    rows, t0 = [], time.time()
+    for op in ops:
+        for k in sizes_of(op):
+            if sizes_filter and k not in sizes_filter:
+                continue
+            w = torch.randn(k, device="cpu" if dry else "cuda", dtype=torch.bfloat16) * 0.5 + 1
+            for m in ms:
+                if time.time() - t0 > budget_s:
+                    log(f"budget of {budget_s:.0f} s spent: skipping {op} K={k} M={m} and the rest")
+                    return rows
+                case = make_case(op, k, m, w)
+                row = sweep_point(case, bw, dry)
+                rows.append(row)
+                log(f"{op} K={k} M={m}: default {row['default_us']:.1f} us, best {row['best_us']:.1f} us "
+                    f"({row['best_over_roofline']:.2f}x roofline) {row['best_tile']}")  # fmt: skip
+                del case
+            if not dry:
+                torch.cuda.empty_cache()
+    return rows

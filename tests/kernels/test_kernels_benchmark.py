@@ -1,0 +1,46 @@
+"""``benchmarks/kernels.py``: the ``--dry-run`` (CPU, Triton interpreter, tiny shapes) runs end to end in both modes,
+and the ``MEASURED`` block ``--sweep`` prints is valid Python that ``_tiles`` then uses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from fp8_fusion_pass.kernels.triton import _tiles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "kernels.py")
+
+
+def _run(tmp_path, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(tmp_path), *args], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_dry_run_table(tmp_path):
+    out = _run(tmp_path)
+    for op in ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant"):
+        assert out.count(op) >= 2, out  # M = 5 and M = 1 rows
+    assert "all M: fused / best peer" in out
+    assert (tmp_path / "kernels.csv").read_text().count("\n") == 7  # header + 3 ops x 2 M
+
+
+def test_sweep_prints_a_pasteable_table(tmp_path, monkeypatch):
+    out = _run(tmp_path, "--sweep")
+    block = out[out.index("MEASURED: dict") :]
+    block = block[: block.index("\n}") + 2]
+    namespace = {"Tile": _tiles.Tile}
+    exec(block, namespace)  # noqa: S102 - the text the script asks users to paste
+    measured = namespace["MEASURED"]
+    assert {op for op, _, _ in measured} == {"rms_norm", "add_rms_norm", "silu_mul"}, measured
+    assert {bucket for _, _, bucket in measured} == {"small"}  # dry run: M = 5 and 1
+    monkeypatch.setattr(_tiles, "MEASURED", measured)
+    monkeypatch.setattr(_tiles.arch, "triton_interpreting", lambda: False)
+    tile = measured[("rms_norm", 256, "small")]
+    assert _tiles.row_tile(3, 256, 128) == tile and _tiles.row_tile(3, 256, 64) != tile  # group 128 only
+    assert _tiles.row_tile(3, 256, 128, residual=True) == measured[("add_rms_norm", 256, "small")]
+    assert _tiles.elementwise_tile(3, 3, 128, "silu_mul") == measured[("silu_mul", 384, "small")]
