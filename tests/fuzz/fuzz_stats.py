@@ -14,7 +14,7 @@ if PROFILE not in ("ci", "long"):
 # Examples per test that pays two full Inductor compiles (C++ codegen: 15-40 s each here), per profile.
 FULL_COMPILE_EXAMPLES = {"ci": 1, "long": 8}[PROFILE]
 # Examples of the adversarial whole-model fuzz, per profile.
-ADVERSARIAL_EXAMPLES = {"ci": 4, "long": 40}[PROFILE]
+ADVERSARIAL_EXAMPLES = {"ci": 10, "long": 200}[PROFILE]
 
 TALLY: collections.Counter = collections.Counter()
 REASONS: collections.Counter = collections.Counter()
