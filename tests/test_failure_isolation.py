@@ -37,16 +37,21 @@ BASELINE = {"norm_quant": 1, "add_norm_quant": 3, "silu_quant": 2, "dedup_quant"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-@pytest.fixture(scope="module")
-def captured():
-    """(graph before the pass, runtime arguments, outputs without the pass) of HF qwen3-tiny, 2 layers."""
-    model = build_model("qwen3-tiny", form="hf", scheme="block", layers=2)
+def _record_one_call(model, batch: int, seq: int):
+    """The single recorded call (graphs before / after the pass, runtime arguments, outputs) of one compile."""
     rec = Recorder()
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(model, backend=rec)(*example_inputs(model, batch=2, seq=5))
+        torch.compile(model, backend=rec)(*example_inputs(model, batch=batch, seq=seq))
     torch._dynamo.reset()
     (call,) = rec.calls
+    return call
+
+
+@pytest.fixture(scope="module")
+def captured():
+    """(graph before the pass, runtime arguments, outputs without the pass) of HF qwen3-tiny, 2 layers."""
+    call = _record_one_call(build_model("qwen3-tiny", form="hf", scheme="block", layers=2), batch=2, seq=5)
     assert applied_counts(call.capture.report) == BASELINE
     return call.capture.before, call.args, call.before
 
@@ -123,13 +128,7 @@ def test_zero_fill_failure_is_isolated(monkeypatch):
     """The zero-fill rewrite raising (an unexpected graph form) keeps every fill, records the error, warns once."""
     from fp8_fusion_pass.patterns import zero_fill
 
-    model = build_model("qwen3-tiny", form="engine", scheme="per-tensor", layers=1)
-    rec = Recorder()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=rec)(*example_inputs(model, batch=2, seq=3))
-    torch._dynamo.reset()
-    (call,) = rec.calls
+    call = _record_one_call(build_model("qwen3-tiny", form="engine", scheme="per-tensor", layers=1), batch=2, seq=3)
     stripped = call.capture.report.counts()["fills_stripped"]
     assert stripped == 4, call.capture.report.render()  # qkv, o, gate_up, down: one zeros(1) scale each
 

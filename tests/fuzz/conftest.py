@@ -30,7 +30,7 @@ _COMMON = {
 # ci: no shrink phase - shrinking a model-compiling example ran > 5 minutes; the failing example is printed as drawn.
 settings.register_profile("ci", max_examples=10, derandomize=True, database=None,
                           phases=(Phase.explicit, Phase.generate), **_COMMON)
-settings.register_profile("long", max_examples=150, **_COMMON)
+settings.register_profile("long", max_examples=100, **_COMMON)
 # Not settings.load_profile(): that would change hypothesis defaults for every test in the session; the fuzz
 # tests take their profile explicitly (fuzz_stats.profile()).
 

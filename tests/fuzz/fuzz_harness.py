@@ -27,6 +27,7 @@ from torch._inductor.output_code import OutputCode
 from torch.fx import GraphModule, Node
 
 import fp8_fusion_pass.kernels.ops  # noqa: F401  (registers torch.ops.fp8_fusion.*)
+from fp8_fusion_pass import graph_diff
 from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
 from fp8_fusion_pass.fusion_pass import FP8FusionPass
@@ -36,18 +37,9 @@ ops = torch.ops.fp8_fusion
 _Base = getattr(custom_graph_pass, "CustomInferenceAwareGraphPass", custom_graph_pass.CustomGraphPass)
 
 
-class _Stop(Exception):
-    """Raised by the capture after the pass ran: the compile stops before lowering."""
-
-
-def _caused_by_stop(e: BaseException | None) -> bool:
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, _Stop):
-            return True
-        seen.add(id(e))
-        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
-    return False
+class _Stop(graph_diff._StopAfterCapture):
+    """Raised by the capture after the pass ran: the compile stops before lowering (``graph_diff._is_stop``
+    finds it however Inductor wraps it)."""
 
 
 def copy_gm(gm: GraphModule) -> GraphModule:
@@ -119,7 +111,11 @@ class Call:
 
 
 class Recorder:
-    """A ``torch.compile`` backend that records every compiled graph (``captures``) and every call (``calls``)."""
+    """A ``torch.compile`` backend that records every compiled graph (``captures``) and every call (``calls``).
+
+    Unlike ``graph_diff.capture_backend`` (the CLI's, which runs the Dynamo graph eagerly after the capture), the
+    runtime here executes the post-grad graphs themselves, before and after the pass, on AOTAutograd's arguments.
+    """
 
     def __init__(self, config: FusionConfig | None = None) -> None:
         self.config = config
@@ -138,7 +134,7 @@ class Recorder:
             with inductor_config.patch(post_grad_custom_post_pass=cap):
                 compile_fx_inner(gm, example_inputs, **kwargs)
         except Exception as e:
-            if not _caused_by_stop(e):
+            if not graph_diff._is_stop(e):
                 raise
         if cap.result is None:
             raise AssertionError("the post-grad custom pass never ran (Inductor's post-grad passes disabled?)")
