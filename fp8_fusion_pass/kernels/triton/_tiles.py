@@ -132,7 +132,7 @@ _RESIDENT: dict[tuple, int] = {}
 def resident_programs(compiled, num_warps: int, device: torch.device) -> int | None:
     """Programs of ``compiled`` (a Triton CompiledKernel) that fit on one SM at once; None if unknown."""
     regs = getattr(compiled, "n_regs", None)
-    if not regs or device.type != "cuda":
+    if not regs or device.type != "cuda" or torch.version.hip is not None:  # NVIDIA register files only
         return None
     props = _device(device.index if device.index is not None else 0)
     warps_per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // 32
