@@ -9,8 +9,11 @@ NORM_FUSED_MAX_FP8_STEPS = 1
 # aiter kernel flipped ~2.2% and bounded it at 5% (fused-norm-silu-quant-pr.txt). Our kernels keep the bf16
 # rounding, so only the sum-of-squares order differs: we assert the seed's 5%.
 NORM_FUSED_MAX_FLIP_FRACTION = 0.05
-# Scales within one bf16 rounding of the group amax: 2^-8 relative.
-SCALE_REL_TOL = 2.0**-8
+# Scales: the normalised value is rounded to bf16 twice (normed, then times w), so a one-ulp fp32 slip from another
+# reduction order can move the product by two bf16 steps, each up to 2^-7 relative at a binade's bottom: 2^-6.
+# (DESIGN.md said "one bf16 rounding"; the H200 run of 2026-11-29 measured 0.0049-0.0098 relative at M = 4097,
+# above 2^-8 = 0.0039 and below 2^-6 = 0.0156.)
+SCALE_REL_TOL = 2.0**-6
 
 # Kernel vs reference, dequantized values: at most one fp8 step relative to the group's scale * fp8 step.
 # Expressed as |a - b| <= ATOL_STEPS * scale * 2^-3 * |value| bound is awkward; tests use dequantized allclose:
