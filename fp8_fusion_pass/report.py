@@ -92,13 +92,16 @@ class FusionReport:
 
     def summary_line(self) -> str:
         c = self.counts()
-        fused = ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("fills_stripped", "fills_kept", "rejected", "errors"))
-        return (
-            f"fp8_fusion_pass graph {self.graph}: fused [{fused or 'none'}]; rejected {c['rejected']}"
-            f" {self.rejection_reasons() or ''}; fills stripped {c['fills_stripped']}, kept {c['fills_kept']}"
-            + (f"; ERRORS {c['errors']}" if c["errors"] else "")
-            + ("" if self.inference else "; not an inference graph: left alone")
-        ).replace(" {}", "")
+        tallies = ("fills_stripped", "fills_kept", "rejected", "errors")
+        fused = ", ".join(f"{k}={v}" for k, v in c.items() if k not in tallies)
+        rejected = f"rejected {c['rejected']}" + (f" {self.rejection_reasons()}" if c["rejected"] else "")
+        parts = [f"fp8_fusion_pass graph {self.graph}: fused [{fused or 'none'}]", rejected,
+                 f"fills stripped {c['fills_stripped']}, kept {c['fills_kept']}"]
+        if c["errors"]:
+            parts.append(f"ERRORS {c['errors']}")
+        if not self.inference:
+            parts.append("not an inference graph: left alone")
+        return "; ".join(parts)
 
     def render(self) -> str:
         """Tables for a terminal: applied per pattern, then every rejection, fill and error with its reason."""
