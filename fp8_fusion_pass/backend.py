@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from . import report
 from .config import FusionConfig
 from .fusion_pass import FP8FusionPass
 
@@ -64,10 +65,25 @@ def backend(config: FusionConfig | None = None, **inductor_options: Any) -> Call
         from torch._inductor.compile_fx import compile_fx
 
         patches = _patches(pass_, mode, options, None, inductor_options)
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        before = report.last_report()
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        if report.last_report() is before:
+            _note_cache_hit(pass_)
+        return compiled
 
     fp8_fusion_backend.fusion_pass = pass_  # for introspection (tests, the CLI)
     return fp8_fusion_backend
+
+
+def _note_cache_hit(pass_: FP8FusionPass) -> None:
+    # Inductor served this graph from its FX graph cache, so the pass did not run and made no report. Say so,
+    # rather than leave last_report() pointing at another graph: the cache key includes the pass's uuid (sources,
+    # config, registry), so the cached graph holds the rewrites this config made when it was first compiled.
+    r = report.new_report(config=pass_.config.fingerprint())
+    r.cache_hit = True
+    r.notes.append("served from Inductor's FX graph cache: the pass did not run on this compile; the cached graph "
+                   "was compiled under the same pass sources and config. Set TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 "
+                   "(or fx_graph_cache=False) to see this graph's decisions.")
 
 
 def registered_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None,

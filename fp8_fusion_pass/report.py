@@ -35,6 +35,7 @@ class FusionReport:
     graph: int  # sequence number of the compiled graph in this process
     inference: bool = True
     config: str = ""
+    cache_hit: bool = False  # served from Inductor's FX graph cache: the pass did not run, nothing below is known
     applied: list[Decision] = dataclasses.field(default_factory=list)
     rejected: list[Decision] = dataclasses.field(default_factory=list)
     fills_stripped: list[Decision] = dataclasses.field(default_factory=list)
@@ -78,6 +79,7 @@ class FusionReport:
             "graph": self.graph,
             "inference": self.inference,
             "config": self.config,
+            "cache_hit": self.cache_hit,
             "counts": self.counts(),
             "applied": [d.to_dict() for d in self.applied],
             "rejected": [d.to_dict() for d in self.rejected],
@@ -91,6 +93,9 @@ class FusionReport:
         return json.dumps(self.to_dict(), indent=indent)
 
     def summary_line(self) -> str:
+        if self.cache_hit:
+            return (f"fp8_fusion_pass graph {self.graph}: served from Inductor's FX graph cache (the pass did not run; "
+                    "the cached graph was compiled under this config)")
         c = self.counts()
         tallies = ("fills_stripped", "fills_kept", "rejected", "errors")
         fused = ", ".join(f"{k}={v}" for k, v in c.items() if k not in tallies)

@@ -136,3 +136,23 @@ def test_fuse_instance_dynamic_keeps_eps_constant():
 def test_fuse_rejects_non_modules():
     with pytest.raises(TypeError, match="nn.Module"):
         fp8_fusion_pass.fuse(lambda x: x)
+
+
+def test_fx_graph_cache_hit_adds_a_report_that_says_so(tmp_path, monkeypatch):
+    # A cached graph does not run the pass; the backend still reports the compile, marked as a cache hit.
+    from fp8_fusion_pass import report
+    from fp8_fusion_pass.models import build_model, example_inputs
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = build_model("llama-tiny", form="engine", layers=1)
+    inputs = example_inputs(model)
+    results = []
+    with torch.no_grad():
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.compile(model, backend=fp8_fusion_pass.backend(fx_graph_cache=True))(*inputs)
+            results.append(report.last_report())
+    torch._dynamo.reset()
+    first, second = results
+    assert not first.cache_hit and first.counts()["norm_quant"] == 1
+    assert second is not first and second.cache_hit and "FX graph cache" in second.summary_line()
