@@ -6,9 +6,10 @@ parent's in-memory caches; only ``TORCHINDUCTOR_CACHE_DIR`` is shared). Not a te
     python tests/reliability_worker.py --model qwen3-tiny --form engine --layers 1 [--disable silu_quant]
         [--inject replacement:silu_quant] [--barrier DIR --parties 2] --out result.json
 
-Writes: the pass's uuid, Inductor / AOTAutograd cache counters, the fusion counts of every report this process
-produced (none when the compiled graph came from the cache: a cache hit skips the pass), and the logits (a .pt
-file next to ``--out``) with their sha256.
+Writes: the pass's uuid, Inductor / AOTAutograd cache counters, the fusion counts of every report of a graph the
+pass ran on (none when the compiled graph came from the cache: a hit skips the pass, and the backend adds a report
+marked ``cache_hit`` instead, counted in ``cache_hit_reports``), and the logits (a .pt file next to ``--out``) with
+their sha256.
 """
 
 from __future__ import annotations
@@ -93,13 +94,17 @@ def main(argv: list[str]) -> int:
     out_path = pathlib.Path(args.out)
     torch.save(logits, out_path.with_suffix(".pt"))
     counters = torch._dynamo.utils.counters
+    ran = [r for r in report_mod.all_reports() if not getattr(r, "cache_hit", False)]
     result = {
         "pid": os.getpid(),
         "uuid": backend.fusion_pass.uuid(),
         "inductor": {k: v for k, v in counters["inductor"].items() if "cache" in k},
         "aot_autograd": {k: v for k, v in counters["aot_autograd"].items() if "cache" in k},
-        "reports": [r.counts() for r in report_mod.all_reports()],
-        "rejection_reasons": [r.rejection_reasons() for r in report_mod.all_reports()],
+        # reports of graphs the pass ran on; a graph served from the FX graph cache gets a report marked
+        # cache_hit instead (the pass did not run), counted separately
+        "reports": [r.counts() for r in ran],
+        "rejection_reasons": [r.rejection_reasons() for r in ran],
+        "cache_hit_reports": sum(getattr(r, "cache_hit", False) for r in report_mod.all_reports()),
         "logits_sha256": hashlib.sha256(logits.float().numpy().tobytes()).hexdigest(),
     }
     out_path.write_text(json.dumps(result, indent=2))

@@ -3,7 +3,8 @@ graph compiled under the old one, and the same config twice is a cache hit.
 
 Each compile runs in a fresh process (``reliability_worker.py``) sharing only a per-test ``TORCHINDUCTOR_CACHE_DIR``
 (tmp_path), so nothing in memory carries over. Cache hits are counted with
-``torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"]``; a hit skips the pass, so it adds no report.
+``torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"]``; a hit skips the pass (the backend then adds a
+report marked ``cache_hit``, with no decisions).
 The uuid unit tests at the bottom need no compile.
 """
 
@@ -46,6 +47,7 @@ def test_config_change_misses_the_cache_and_same_config_hits(tmp_path):
     again = run_worker(tmp_path, "no-silu-again", "--disable", "silu_quant")
     assert again["uuid"] == no_silu["uuid"]
     assert again["inductor"].get("fxgraph_cache_hit") == 1 and again["reports"] == [], again
+    assert again["cache_hit_reports"] == 1  # the backend says the graph came from the cache
     assert again["logits_sha256"] == no_silu["logits_sha256"]
 
     # the environment override is part of the key too

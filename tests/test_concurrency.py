@@ -7,9 +7,9 @@
   (The pass is not run on copies of one graph in threads: such copies share one FakeTensorMode, which is not
   thread-safe - torch raises ``AssertionError: False, True`` in ``in_kernel_invocation_manager`` - and no real
   compile shares a fake mode between threads.)
-- Processes: three fresh processes compile at the same moment with one fresh ``TORCHINDUCTOR_CACHE_DIR`` (two of
-  them the same model, racing on the same cache entry): each report has its model's counts, and a fourth process
-  then hits the entry they wrote and computes the same logits.
+- Processes: two fresh processes (two models) compile at the same moment (a file barrier) into one fresh
+  ``TORCHINDUCTOR_CACHE_DIR``: each report has its model's counts. (Hits on an entry written by another process
+  are ``test_cache_safety.py``'s.)
 """
 
 from __future__ import annotations
@@ -117,20 +117,17 @@ def test_two_models_compile_concurrently_in_threads(untraced):
         assert check.ok and check.positions_agree, check
 
 
-def test_processes_compile_concurrently_with_one_cache_dir(tmp_path):
-    jobs = [("qwen3-a", "qwen3-tiny", "1"), ("qwen3-b", "qwen3-tiny", "1"), ("llama", "llama-tiny", "2")]
+def test_two_processes_compile_concurrently_with_one_cache_dir(tmp_path):
+    jobs = [("qwen3", "qwen3-tiny", "1"), ("llama", "llama-tiny", "2")]
     barrier = str(tmp_path / "barrier")
 
     def worker(i):
         name, model, layers = jobs[i]
         return reliability_worker.spawn(tmp_path, name, "--model", model, "--layers", layers, "--barrier", barrier,
-                          "--parties", str(len(jobs)))
+                                        "--parties", str(len(jobs)))
 
-    qa, qb, llama = _in_threads(worker, len(jobs))
-    for result, want in ((qa, QWEN3_L1), (qb, QWEN3_L1), (llama, LLAMA_L2)):
+    for result, want in zip(_in_threads(worker, len(jobs)), (QWEN3_L1, LLAMA_L2)):
         (counts,) = result["reports"]  # each compiled (missed the empty cache) and ran the pass
         assert {k: v for k, v in counts.items() if k in want} == want, result
-    assert qa["logits_sha256"] == qb["logits_sha256"]
-    later = reliability_worker.spawn(tmp_path, "qwen3-later", "--model", "qwen3-tiny", "--layers", "1")
-    assert later["inductor"].get("fxgraph_cache_hit") == 1 and later["reports"] == [], later
-    assert later["logits_sha256"] == qa["logits_sha256"]
+        assert result["cache_hit_reports"] == 0
+    assert len(list((tmp_path / "barrier").glob("ready-*"))) == 2

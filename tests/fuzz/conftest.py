@@ -28,7 +28,7 @@ _COMMON = {
     "print_blob": True,  # a failure prints @reproduce_failure(...) to replay it exactly
 }
 # ci: no shrink phase - shrinking a model-compiling example ran > 5 minutes; the failing example is printed as drawn.
-settings.register_profile("ci", max_examples=10, derandomize=True, database=None,
+settings.register_profile("ci", max_examples=8, derandomize=True, database=None,
                           phases=(Phase.explicit, Phase.generate), **_COMMON)
 settings.register_profile("long", max_examples=100, **_COMMON)
 # Not settings.load_profile(): that would change hypothesis defaults for every test in the session; the fuzz
