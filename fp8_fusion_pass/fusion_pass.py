@@ -83,7 +83,10 @@ class FP8FusionPass(_Base):
         # The scale-semantics registry is user-extensible at run time: an op registered after a compile must not
         # be served the cached graph compiled before it (its fill would stay).
         extra = (_fingerprint(self.config), torch.__version__, torch.are_deterministic_algorithms_enabled(),
-                 backends.explicit_choice(), scale_semantics.fingerprint())
+                 backends.explicit_choice(), scale_semantics.fingerprint(),
+                 # the failure-injection test hook changes what the pass does, so it is part of the key: a graph
+                 # compiled with a fault injected must never be served to a normal compile
+                 tuple(sorted(map(repr, _FAULTS))))
         h.update(repr(extra).encode())
         return h.hexdigest()
 

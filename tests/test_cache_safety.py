@@ -58,11 +58,8 @@ def test_config_change_misses_the_cache_and_same_config_hits(tmp_path):
     assert env_off["rejection_reasons"][0].get("disabled_by_env") == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fusion_pass.inject_failure state is not part of FP8FusionPass.uuid(): a compile made while a failure is "
-    "injected is stored in the FX graph cache under the normal key, and the next normal compile (fresh process, "
-    "same cache dir) is served that unfused graph (fxgraph_cache_hit, no silu fusion, no report). Fix: hash "
-    "sorted(_FAULTS) into uuid() (or return None while a fault is active, bypassing the cache)."))
+# Found by this test: the injected-failure state was not part of uuid(), so a compile made with a fault injected
+# was cached under the normal key and served, unfused, to the next normal compile. uuid() now hashes it.
 def test_injected_failure_does_not_poison_the_cache(tmp_path):
     injected = run_worker(tmp_path, "injected", "--inject", "replacement:silu_quant")
     assert injected["reports"][0]["errors"] == 1
