@@ -64,7 +64,8 @@ def test_injected_failure_does_not_poison_the_cache(tmp_path):
     injected = run_worker(tmp_path, "injected", "--inject", "replacement:silu_quant")
     assert injected["reports"][0]["errors"] == 1
     normal = run_worker(tmp_path, "normal")
-    assert normal["reports"] and fused(normal) == ALL_FUSED, normal
+    assert normal["uuid"] != injected["uuid"]
+    assert normal["inductor"].get("fxgraph_cache_hit", 0) == 0 and fused(normal) == ALL_FUSED, normal
 
 
 # ---------------------------------------------------------------- uuid(): no compile needed
