@@ -89,6 +89,7 @@ def main(argv: list[str]) -> int:
         inject = inject_failure(stage, fusion)
     _barrier(args.barrier, args.parties)
     with inject, torch.no_grad():
+        uuid = backend.fusion_pass.uuid()  # inside: the key this compile is cached under
         out = torch.compile(model, backend=backend)(*inputs)
     logits = out if torch.is_tensor(out) else out.logits
     out_path = pathlib.Path(args.out)
@@ -97,7 +98,7 @@ def main(argv: list[str]) -> int:
     ran = [r for r in report_mod.all_reports() if not getattr(r, "cache_hit", False)]
     result = {
         "pid": os.getpid(),
-        "uuid": backend.fusion_pass.uuid(),
+        "uuid": uuid,
         "inductor": {k: v for k, v in counters["inductor"].items() if "cache" in k},
         "aot_autograd": {k: v for k, v in counters["aot_autograd"].items() if "cache" in k},
         # reports of graphs the pass ran on; a graph served from the FX graph cache gets a report marked
