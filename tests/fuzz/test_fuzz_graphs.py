@@ -24,7 +24,7 @@ import tolerances
 import torch
 from fuzz_harness import FUSED, Recorder, applied_counts, count_ops, float_outputs, logits, unexplained
 from fuzz_models import DecoderSpec, build, decoder_specs, expected_counts, inputs
-from fuzz_stats import FULL_COMPILE_EXAMPLES, REASONS, TALLY, profile
+from fuzz_stats import REASONS, TALLY, full_compile_profile, profile
 from hypothesis import example, given, note
 from hypothesis import strategies as st
 
@@ -134,7 +134,7 @@ def _compiled_logits(model, spec: DecoderSpec, backend, calls) -> list[torch.Ten
         return [logits(compiled(*args)).float() for args in calls]
 
 
-@profile(max_examples=FULL_COMPILE_EXAMPLES)
+@full_compile_profile()
 @given(spec=decoder_specs(max_layers=2))
 @example(spec=DecoderSpec("llama", "engine", 256, 256, 2, 1, 128, 2, 1e-5, True, False, "bf16", True, False,
                           ((3, 5), (1, 7))))
