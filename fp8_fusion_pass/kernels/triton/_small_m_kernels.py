@@ -56,6 +56,7 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import torch
 import triton
@@ -63,7 +64,7 @@ import triton.language as tl
 
 from ... import arch as _arch
 from ._blockscale_kernels import SCALE_BLOCK, promotion_block
-from ._fp8 import fp8_constexprs, group_quant_tile, to_fp32
+from ._fp8 import amax_nan, cast_fp8, div_by_scale, fp8_constexprs, reciprocal_of, scale_of, to_fp32
 
 REDUCES = ("kernel", "last")
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
@@ -96,14 +97,20 @@ class SmallMConfig:
 
 @triton.jit
 def _x_tile(x_ptrs, xs_ptrs, k0, stride_ask, fp8_dtype: tl.constexpr, GROUP_K: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr,
-            FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):  # fmt: skip
+            QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr,
+            EMULATE_CAST: tl.constexpr):  # fmt: skip
     """The activation tile ``[BLOCK_K, BLOCK_M]`` fp8 and its scales ``[BLOCK_M]``: loaded, or (QUANT_A) quantized
-    here from the ``[BLOCK_M, BLOCK_K]`` high-precision tile, one group per tile (GROUP_K == BLOCK_K)."""
+    here from the high-precision tile, one group per column (GROUP_K == BLOCK_K).
+
+    The quant is ``_fp8.group_quant_tile``'s steps along axis 0 of the transposed tile: the tile is loaded as
+    the MMA wants it, with no ``tl.reshape`` / ``tl.trans`` of an fp8 tensor (that form did not compile on
+    Triton 3.6: CompilationError on the H200)."""
     if QUANT_A:
-        y = tl.reshape(to_fp32(tl.load(x_ptrs), EMULATE_CAST), (BLOCK_M, 1, BLOCK_K))
-        q, s = group_quant_tile(y, fp8_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)
-        return tl.trans(tl.reshape(q, (BLOCK_M, BLOCK_K))), tl.reshape(s, (BLOCK_M,))
+        y = to_fp32(tl.load(x_ptrs), EMULATE_CAST)
+        scale = scale_of(amax_nan(y, 0, EMULATE_CAST), FP8_MAX)
+        r, scale_fin = reciprocal_of(scale)
+        q = div_by_scale(y, scale_fin[None, :], r[None, :])
+        return cast_fp8(q, fp8_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST), scale
     return tl.load(x_ptrs), tl.load(xs_ptrs + (k0 // GROUP_K) * stride_ask)
 
 
@@ -143,10 +150,7 @@ def _small_m_kernel(
     kt_end = tl.minimum(kt_start + k_tiles_per_split, tl.cdiv(K, BLOCK_K))
     k_first = kt_start * BLOCK_K
     w_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + (k_first + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
-    if QUANT_A:
-        x_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + (k_first + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
-    else:
-        x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
+    x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
     ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn
     xs_ptrs = as_ptr + rm * stride_asm
 
@@ -157,7 +161,7 @@ def _small_m_kernel(
             w = tl.load(w_ptrs + u * BLOCK_K)
             w_s = tl.load(ws_ptrs + (k0 // SCALE_BLOCK) * stride_bsk)
             x, x_s = _x_tile(x_ptrs + u * BLOCK_K, xs_ptrs, k0, stride_ask, b_ptr.dtype.element_ty, GROUP_K,
-                             BLOCK_M, BLOCK_K, QUANT_A, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+                             QUANT_A, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
             if FMA:
                 part = tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
             else:
@@ -260,14 +264,24 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     elif buf is None:
         if torch.cuda.is_current_stream_capturing():
             return None  # allocated inside a capture it would live in the graph's private pool
-        # Allocated and zeroed on a side stream: cudagraph trees route the *current* stream's allocations to their
-        # graph pool during warmup runs too, and a block there can be handed out again when the tree restores an
-        # earlier pool checkpoint. The side stream's allocation comes from the default pool and is never freed.
-        side = torch.cuda.Stream(device)
-        with torch.cuda.stream(side):
-            buf = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-        side.synchronize()
-        _counters[device] = buf
+        # Allocated on a helper thread: cudagraph trees route every allocation *of the current thread* to their
+        # graph pool during warmup runs (torch._C._cuda_beginAllocateCurrentThreadToPool, torch 2.11-2.13), and a
+        # pool block that is not a graph output fails the tree's "tensor(s) in the cudagraph pool not tracked as
+        # outputs" check (a side stream on this thread did not escape it: measured on the H200). Another thread's
+        # allocation comes from the default pool and lives as long as the process.
+        box: list[torch.Tensor] = []
+
+        def allocate() -> None:
+            with torch.cuda.device(device):
+                box.append(torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device))
+                torch.cuda.synchronize(device)
+
+        worker = threading.Thread(target=allocate, name="fp8_fusion_counters")
+        worker.start()
+        worker.join()
+        if not box:
+            return None  # the thread failed (its error is printed by threading); the two-launch sum is the same
+        buf = _counters[device] = box[0]
     return buf
 
 

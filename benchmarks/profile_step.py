@@ -1,0 +1,124 @@
+"""Where a decode step's GPU time goes: per-kernel and per-category device time, pass vs no pass vs bf16.
+
+    PYTHONPATH=. python benchmarks/profile_step.py --preset qwen3-8b --forms engine,hf --layers 4 --batches 1,64
+
+Same compile as ``decode.py`` (Inductor, ``triton.cudagraphs``); ``torch.profiler`` records the kernels of
+``--steps`` CUDA-graph replays (CUPTI reports the kernels inside a graph). The figures are device time per step
+(kernel durations summed), next to the wall time per step, so ``wall - device`` is the time between kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from decode import EngineRunner, HFRunner, compile_step, log, time_steps  # noqa: E402
+
+from fp8_fusion_pass.models import build_model  # noqa: E402
+
+# First matching substring names the category (kernel names as Inductor / Triton / cuBLAS / flash emit them).
+CATEGORIES = [
+    ("gemm small-M", ("_small_m_kernel", "_splitk_reduce")),
+    ("gemm other", ("gemm", "cutlass", "nvjet", "_tiled", "sm90_xmma", "scaled_mm", "cublas", "matmul")),
+    ("quant (standalone)", ("group_quant_kernel", "_group_quant")),
+    ("norm(+quant)", ("rms_norm",)),
+    ("silu(+quant)", ("silu",)),
+    ("attention", ("fmha", "flash", "attention", "efficient", "sdpa")),
+    ("inductor fused", ("triton_poi", "triton_red", "triton_per", "triton_tem")),
+]
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k.lower() in low for k in keys):
+            return cat
+    return "other"
+
+
+def profile(step, args, steps: int) -> tuple[dict, int]:
+    """{kernel name: (us per step, launches per step)} over ``steps`` replays, and the kernel events seen."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            torch.compiler.cudagraph_mark_step_begin()
+            step(*args)
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    seen = 0
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA or "memcpy" in ev.name.lower():
+            continue
+        seen += 1
+        per[ev.name][0] += ev.device_time / steps
+        per[ev.name][1] += 1 / steps
+    return {k: (v[0], v[1]) for k, v in per.items()}, seen
+
+
+def report(label: str, wall_ms: float, kernels: dict) -> dict:
+    cats: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for name, (us, n) in kernels.items():
+        c = cats[category(name)]
+        c[0] += us
+        c[1] += n
+    device_us = sum(us for us, _ in kernels.values())
+    launches = sum(n for _, n in kernels.values())
+    print(f"\n== {label}: wall {wall_ms * 1e3:.1f} us/step, kernels {device_us:.1f} us/step, "
+          f"{launches:.0f} launches/step, gaps {wall_ms * 1e3 - device_us:.1f} us")
+    for cat, (us, n) in sorted(cats.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {cat:<20} {us:9.1f} us  {n:6.0f} launches")
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:12]
+    for name, (us, n) in top:
+        print(f"    {us:8.1f} us {n:5.0f}x  {name[:110]}")
+    return {c: v[0] for c, v in cats.items()} | {"wall": wall_ms * 1e3, "device": device_us, "launches": launches}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="qwen3-8b")
+    p.add_argument("--forms", default="engine,hf")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batches", default="1,64")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--variants", default="block,block+pass,bf16")
+    args = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    summary = []
+    for form in args.forms.split(","):
+        for variant in args.variants.split(","):
+            scheme, with_pass = variant.split("+")[0], variant.endswith("+pass")
+            torch.manual_seed(0)
+            model = build_model(args.preset, form=form, scheme=scheme, layers=args.layers, device="cuda")
+            for batch in (int(b) for b in args.batches.split(",")):
+                log(f"{form} {variant} batch {batch}")
+                runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64,
+                                                                          args.context)
+                step = compile_step(runner.step_fn(), with_pass)
+                wall_ms, _ = time_steps(step, runner.args(), 20)
+                kernels, seen = profile(step, runner.args(), args.steps)
+                label = f"{args.preset} x{args.layers} layers, {form}, {variant}, batch {batch}"
+                row = report(label, wall_ms, kernels) if seen else {"wall": wall_ms * 1e3}
+                summary.append((form, variant, batch, row))
+                del runner, step
+                torch._dynamo.reset()
+            del model
+            torch.cuda.empty_cache()
+    print("\nsummary (us per step): form variant batch | wall device launches | by category")
+    for form, variant, batch, row in summary:
+        cats = ", ".join(f"{k} {v:.0f}" for k, v in row.items() if k not in ("wall", "device", "launches"))
+        print(f"{form:6} {variant:11} {batch:3} | {row['wall']:8.1f} {row.get('device', 0):8.1f} "
+              f"{row.get('launches', 0):5.0f} | {cats}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
