@@ -2,12 +2,19 @@
 
     PYTHONPATH=. python benchmarks/decode.py --presets qwen3-8b,llama3.1-8b --forms engine,hf --batches 1,8,32,64
 
-Every variant is compiled the same way (Inductor, ``triton.cudagraphs``), the only difference being the
-``post_grad_custom_post_pass``. The benchmark owns its decode loop (one compiled step per token with
-``torch.compiler.cudagraph_mark_step_begin()``), because HF ``generate()`` with a static cache under
-``reduce-overhead`` failed on the H200 image (torch 2.11, transformers 5.17) with "accessing tensor output of
-CUDAGraphs that has been overwritten". The KV cache is static (engine ``KVCache`` / HF ``StaticCache``) and
-pre-filled with random values up to ``--context`` tokens, so every step attends over the same length.
+How every variant is compiled and timed (the only difference between "block" and "block+pass" is the
+``post_grad_custom_post_pass``):
+- ``--compile regional`` (default): each decoder layer is its own ``torch.compile`` region (``Module.compile``),
+  the way vLLM compiles a model: identical layers share one compiled graph, so all 36 layers of Qwen3-8B cost
+  one or two layer compiles per batch instead of one 36-layer compile (which did not fit a session's device time).
+  The whole step (embedding, RoPE tables, every layer, final norm, lm_head) is then captured into one CUDA graph
+  by hand (``torch.cuda.CUDAGraph``), so a step is one graph launch with no Python in it.
+- ``--compile full``: the whole step in one ``torch.compile`` with ``triton.cudagraphs`` (cudagraph trees).
+Time per step: replays back to back between two CUDA events (the CPU queues them ahead, as a serving loop does),
+median of several rounds. HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
+(torch 2.11, transformers 5.17) with "accessing tensor output of CUDAGraphs that has been overwritten", so the
+benchmark owns its decode loop. The KV cache is static (engine ``KVCache`` / HF ``StaticCache``) and pre-filled with
+random values up to ``--context`` tokens, so every step attends over the same length.
 
 Roofline per step: bytes of every weight read once (fp8 linears + their scales + bf16 embeddings row, norms and
 lm_head) plus the KV cache read, over the copy bandwidth measured in the same run.
@@ -44,6 +51,51 @@ def compile_step(fn, with_pass: bool):
     if with_pass:
         options["post_grad_custom_post_pass"] = FP8FusionPass()
     return torch.compile(fn, options=options, dynamic=False)
+
+
+def pass_options(with_pass: bool) -> dict:
+    return {"post_grad_custom_post_pass": FP8FusionPass()} if with_pass else {}
+
+
+def compile_regions(model, with_pass: bool) -> None:
+    """Compile every decoder layer in place as its own region (shared code: identical layers share a graph)."""
+    # One graph per layer signature and batch; HF layers also specialise on their ``layer_idx``: room for all.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+    for layer in model.model.layers:
+        layer.compile(options=pass_options(with_pass), dynamic=False)
+
+
+def capture(step, args, warmup: int = 3):
+    """Run ``step(*args)`` ``warmup`` times on a side stream (compiles, allocates), then capture it into one CUDA
+    graph. Returns (graph, static output)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*args)
+    return graph, out
+
+
+def time_replays(graph: torch.cuda.CUDAGraph, steps: int, rounds: int = 5) -> float:
+    """Median over ``rounds`` of the mean ms per replay of ``steps`` back-to-back replays."""
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / steps)
+    return statistics.median(times)
 
 
 def weight_bytes(model) -> int:
@@ -130,15 +182,27 @@ def time_steps(step, args, steps: int) -> tuple[float, torch.Tensor]:
     return statistics.median(times), out.detach().float().clone()
 
 
-def bench_prefill(model, form: str, with_pass: bool, seq: int, steps: int) -> float:
+def bench_prefill(model, form: str, with_pass: bool, seq: int, steps: int, mode: str) -> float:
     ids = torch.randint(0, model.config.vocab_size, (1, seq), device="cuda")
     if form == "engine":
         fn = lambda i: model(i)  # noqa: E731
     else:
         fn = lambda i: model(input_ids=i, use_cache=False).logits  # noqa: E731
-    step = compile_step(fn, with_pass)
-    ms, _ = time_steps(step, (ids,), steps)
+    if mode == "regional":
+        graph, _ = capture(fn, (ids,))
+        return time_replays(graph, steps)
+    ms, _ = time_steps(compile_step(fn, with_pass), (ids,), steps)
     return ms
+
+
+def time_decode(runner, with_pass: bool, steps: int, mode: str) -> tuple[float, torch.Tensor]:
+    if mode == "regional":
+        graph, out = capture(runner.step_fn(), runner.args())
+        ms = time_replays(graph, steps)
+        logits = out.detach().float().clone()
+        del graph
+        return ms, logits
+    return time_steps(compile_step(runner.step_fn(), with_pass), runner.args(), steps)
 
 
 def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logits):
@@ -148,11 +212,14 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
     model = build_model(preset, form=form, scheme=scheme, layers=args.layers, device="cuda")
     wbytes = weight_bytes(model)
     report.clear_reports()
+    torch._dynamo.reset()
+    if args.compile == "regional":
+        compile_regions(model, with_pass)
     for batch in args.batches:
+        t0 = time.monotonic()
         runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context)
-        step = compile_step(runner.step_fn(), with_pass)
-        log(f"{preset} {form} {label} batch {batch}: compiling + timing")
-        ms, logits = time_steps(step, runner.args(), args.steps)
+        ms, logits = time_decode(runner, with_pass, args.steps, args.compile)
+        log(f"{preset} {form} {label} batch {batch}: {ms:.3f} ms/step ({time.monotonic() - t0:.0f} s with compile)")
         roof_ms = (wbytes + runner.kv_bytes()) / bw * 1e3
         key = (preset, form, batch)
         err = ""
@@ -163,17 +230,19 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
             else:
                 reference_logits[key] = logits
         rows.append(dict(preset=preset, form=form, variant=label, batch=batch, ms=ms, roofline_ms=roof_ms, err=err))
-        del runner, step
-        torch._dynamo.reset()
+        del runner
+        if args.compile == "full":
+            torch._dynamo.reset()
+        torch.cuda.empty_cache()
     fused = report.merged(report.all_reports()).counts() if with_pass else {}
     prefill_ms = None
     if args.prefill:
         log(f"{preset} {form} {label}: prefill {args.prefill}")
-        prefill_ms = bench_prefill(model, form, with_pass, args.prefill, max(3, args.steps // 5))
-        torch._dynamo.reset()
+        prefill_ms = bench_prefill(model, form, with_pass, args.prefill, max(3, args.steps // 5), args.compile)
     rows.append(dict(preset=preset, form=form, variant=label, batch=f"prefill {args.prefill}", ms=prefill_ms,
                      roofline_ms=None, err="", fused=fused))
     del model
+    torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -188,6 +257,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=int, default=2048, help="prefill length at batch 1 (0: skip)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
+    p.add_argument("--compile", choices=("regional", "full"), default="regional",
+                   help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
+                        "full: one torch.compile of the step with cudagraph trees")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)

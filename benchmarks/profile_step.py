@@ -2,9 +2,10 @@
 
     PYTHONPATH=. python benchmarks/profile_step.py --preset qwen3-8b --forms engine,hf --layers 4 --batches 1,64
 
-Same compile as ``decode.py`` (Inductor, ``triton.cudagraphs``); ``torch.profiler`` records the kernels of
-``--steps`` CUDA-graph replays (CUPTI reports the kernels inside a graph). The figures are device time per step
-(kernel durations summed), next to the wall time per step, so ``wall - device`` is the time between kernels.
+Same compile and capture as ``decode.py`` (regional layer compiles, the step captured into one CUDA graph);
+``torch.profiler`` records the kernels of ``--steps`` replays (CUPTI reports the kernels inside a graph). The
+figures are device time per step (kernel durations summed), next to the time per step of back-to-back replays,
+so ``step - kernels`` is the time between kernels.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from decode import EngineRunner, HFRunner, compile_step, log, time_steps  # noqa: E402
+from decode import EngineRunner, HFRunner, capture, compile_regions, log, time_replays  # noqa: E402
 
 from fp8_fusion_pass.models import build_model  # noqa: E402
 
@@ -43,14 +44,13 @@ def category(name: str) -> str:
     return "other"
 
 
-def profile(step, args, steps: int) -> tuple[dict, int]:
+def profile(graph, steps: int) -> tuple[dict, int]:
     """{kernel name: (us per step, launches per step)} over ``steps`` replays, and the kernel events seen."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            torch.compiler.cudagraph_mark_step_begin()
-            step(*args)
+            graph.replay()
         torch.cuda.synchronize()
     per: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     seen = 0
@@ -71,7 +71,7 @@ def report(label: str, wall_ms: float, kernels: dict) -> dict:
         c[1] += n
     device_us = sum(us for us, _ in kernels.values())
     launches = sum(n for _, n in kernels.values())
-    print(f"\n== {label}: wall {wall_ms * 1e3:.1f} us/step, kernels {device_us:.1f} us/step, "
+    print(f"\n== {label}: step {wall_ms * 1e3:.1f} us, kernels {device_us:.1f} us/step, "
           f"{launches:.0f} launches/step, gaps {wall_ms * 1e3 - device_us:.1f} us")
     for cat, (us, n) in sorted(cats.items(), key=lambda kv: -kv[1][0]):
         print(f"  {cat:<20} {us:9.1f} us  {n:6.0f} launches")
@@ -98,18 +98,19 @@ def main(argv=None) -> int:
             scheme, with_pass = variant.split("+")[0], variant.endswith("+pass")
             torch.manual_seed(0)
             model = build_model(args.preset, form=form, scheme=scheme, layers=args.layers, device="cuda")
+            torch._dynamo.reset()
+            compile_regions(model, with_pass)
             for batch in (int(b) for b in args.batches.split(",")):
                 log(f"{form} {variant} batch {batch}")
                 runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64,
                                                                           args.context)
-                step = compile_step(runner.step_fn(), with_pass)
-                wall_ms, _ = time_steps(step, runner.args(), 20)
-                kernels, seen = profile(step, runner.args(), args.steps)
+                graph, _ = capture(runner.step_fn(), runner.args())
+                wall_ms = time_replays(graph, 20)
+                kernels, seen = profile(graph, args.steps)
                 label = f"{args.preset} x{args.layers} layers, {form}, {variant}, batch {batch}"
                 row = report(label, wall_ms, kernels) if seen else {"wall": wall_ms * 1e3}
                 summary.append((form, variant, batch, row))
-                del runner, step
-                torch._dynamo.reset()
+                del runner, graph
             del model
             torch.cuda.empty_cache()
     print("\nsummary (us per step): form variant batch | wall device launches | by category")

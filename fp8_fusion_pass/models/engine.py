@@ -96,10 +96,15 @@ class Attention(nn.Module):
 
     def _cached(self, q, k, v, positions, k_cache, v_cache):
         b, _, s, d = q.shape
-        rows = torch.arange(b, device=q.device).unsqueeze(1).expand(b, s)
-        # cache [B, Hkv, T, D] viewed [B, T, Hkv, D]: write token (b, positions[b, i]) for every head at once
-        k_cache.transpose(1, 2).index_put_((rows, positions), k.transpose(1, 2))
-        v_cache.transpose(1, 2).index_put_((rows, positions), v.transpose(1, 2))
+        # Token (b, positions[b, i]) of every head, written into the cache tensor itself: an index_put_ on the
+        # graph input, which Inductor keeps in place. (Writing through a transposed view of the cache made
+        # functionalization copy the whole cache back every step: 35 us per layer and tensor at batch 64 on the
+        # H200, benchmarks/profile_step.py.)
+        rows = torch.arange(b, device=q.device).view(b, 1, 1)
+        heads = torch.arange(self.num_kv_heads, device=q.device).view(1, -1, 1)
+        at = positions.unsqueeze(1)  # [B, 1, S]
+        k_cache.index_put_((rows, heads, at), k)
+        v_cache.index_put_((rows, heads, at), v)
         t = k_cache.shape[2]
         mask = torch.arange(t, device=q.device) <= positions.unsqueeze(-1)  # [B, S, T]
         # GQA without repeating the cache: the n_rep query heads of one kv head become n_rep * S query rows.

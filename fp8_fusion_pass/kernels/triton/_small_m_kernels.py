@@ -103,15 +103,18 @@ def _x_tile(x_ptrs, xs_ptrs, k0, stride_ask, fp8_dtype: tl.constexpr, GROUP_K: t
     here from the high-precision tile, one group per column (GROUP_K == BLOCK_K).
 
     The quant is ``_fp8.group_quant_tile``'s steps along axis 0 of the transposed tile: the tile is loaded as
-    the MMA wants it, with no ``tl.reshape`` / ``tl.trans`` of an fp8 tensor (that form did not compile on
-    Triton 3.6: CompilationError on the H200)."""
+    the MMA wants it, with no ``tl.reshape`` / ``tl.trans``."""
     if QUANT_A:
         y = to_fp32(tl.load(x_ptrs), EMULATE_CAST)
         scale = scale_of(amax_nan(y, 0, EMULATE_CAST), FP8_MAX)
         r, scale_fin = reciprocal_of(scale)
-        q = div_by_scale(y, scale_fin[None, :], r[None, :])
-        return cast_fp8(q, fp8_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST), scale
-    return tl.load(x_ptrs), tl.load(xs_ptrs + (k0 // GROUP_K) * stride_ask)
+        x = cast_fp8(div_by_scale(y, scale_fin[None, :], r[None, :]), fp8_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ,
+                     EMULATE_CAST)  # fmt: skip
+    else:
+        x, scale = tl.load(x_ptrs), tl.load(xs_ptrs + (k0 // GROUP_K) * stride_ask)
+    # One return: with two, Triton types both even though the constexpr branch is pruned, and a bf16 a_ptr
+    # makes the loaded branch bf16 ("Return type mismatch", the CompilationError seen on Triton 3.6 and 3.9).
+    return x, scale
 
 
 # M and the split's K range vary per call: specializing on their divisibility by 16 would compile one variant per
