@@ -39,7 +39,7 @@ from _timing import copy_bandwidth  # noqa: E402
 from fp8_fusion_pass import report  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
 from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
-from fp8_fusion_pass.models import build_model  # noqa: E402
+from fp8_fusion_pass.models import build_model, engine  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -257,10 +257,13 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=int, default=2048, help="prefill length at batch 1 (0: skip)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
+    p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
+                   help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--compile", choices=("regional", "full"), default="regional",
                    help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
                         "full: one torch.compile of the step with cudagraph trees")
     args = p.parse_args(argv)
+    engine.DECODE_ATTENTION = args.attention
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)
     bw = copy_bandwidth()

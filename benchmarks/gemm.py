@@ -72,6 +72,13 @@ SHAPES = [
     ("qwen3-32b o", 5120, 8192),
     ("qwen3-32b gate_up", 51200, 5120),
     ("qwen3-32b down", 5120, 25600),
+    # The HF form keeps q / k / v and gate / up separate (Llama-3.1-8B's q is Qwen3-8B's o shape, 4096 x 4096).
+    ("qwen3-8b k|v", 1024, 4096),
+    ("qwen3-8b gate|up", 12288, 4096),
+    ("llama3.1-8b gate|up", 14336, 4096),
+    ("qwen3-32b q_proj", 8192, 5120),
+    ("qwen3-32b k|v", 1024, 5120),
+    ("qwen3-32b gate|up", 25600, 5120),
 ]
 QUICK_SHAPES = [SHAPES[0], SHAPES[9]]
 DEVICE = "cuda"  # "cpu" under --dry-run

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from decode import EngineRunner, HFRunner, capture, compile_regions, log, time_replays  # noqa: E402
 
-from fp8_fusion_pass.models import build_model  # noqa: E402
+from fp8_fusion_pass.models import build_model, engine  # noqa: E402
 
 # First matching substring names the category (kernel names as Inductor / Triton / cuBLAS / flash emit them).
 CATEGORIES = [
@@ -89,8 +89,11 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,64")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
+                   help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--variants", default="block,block+pass,bf16")
     args = p.parse_args(argv)
+    engine.DECODE_ATTENTION = args.attention
     torch.set_grad_enabled(False)
     summary = []
     for form in args.forms.split(","):

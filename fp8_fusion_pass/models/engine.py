@@ -105,14 +105,46 @@ class Attention(nn.Module):
         at = positions.unsqueeze(1)  # [B, 1, S]
         k_cache.index_put_((rows, heads, at), k)
         v_cache.index_put_((rows, heads, at), v)
-        t = k_cache.shape[2]
-        mask = torch.arange(t, device=q.device) <= positions.unsqueeze(-1)  # [B, S, T]
-        # GQA without repeating the cache: the n_rep query heads of one kv head become n_rep * S query rows.
-        rep = self.num_heads // self.num_kv_heads
-        qg = q.reshape(b, self.num_kv_heads, rep * s, d)
-        mask = mask.unsqueeze(1).expand(b, rep, s, t).reshape(b, 1, rep * s, t)
-        o = F.scaled_dot_product_attention(qg, k_cache, v_cache, attn_mask=mask, scale=self.scaling)
-        return o.reshape(b, self.num_heads, s, d)
+        return decode_attention(q, k_cache, v_cache, positions, self.scaling, DECODE_ATTENTION)
+
+
+# How a step with a KV cache attends (``decode_attention``'s ``impl``); benchmarks/attention_decode.py times them.
+DECODE_ATTENTION = "sdpa_mask"
+DECODE_ATTENTION_IMPLS = ("sdpa_mask", "sdpa_efficient", "math", "flex")
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
+                     scale: float, impl: str = "sdpa_mask") -> torch.Tensor:
+    """``q [B, H, S, D]`` attends over the whole static cache ``[B, Hkv, T, D]`` where key_pos <= positions
+    ``[B, S]``. All formulations compute the same softmax attention (fp32 softmax); they differ in kernels."""
+    if impl not in DECODE_ATTENTION_IMPLS:
+        raise ValueError(f"decode attention impl must be one of {DECODE_ATTENTION_IMPLS}, got {impl!r}")
+    b, h, s, d = q.shape
+    hkv, t = k_cache.shape[1], k_cache.shape[2]
+    rep = h // hkv
+    if impl == "flex":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def visible(score, bi, hi, qi, ki):
+            return torch.where(ki <= positions[bi, qi], score, float("-inf"))
+
+        return flex_attention(q, k_cache, v_cache, score_mod=visible, scale=scale, enable_gqa=rep > 1)
+    mask = torch.arange(t, device=q.device) <= positions.unsqueeze(-1)  # [B, S, T]
+    # GQA without repeating the cache: the rep query heads of one kv head become rep * S query rows.
+    qg = q.reshape(b, hkv, rep * s, d)
+    mask = mask.unsqueeze(1).expand(b, rep, s, t).reshape(b, 1, rep * s, t)
+    if impl == "math":
+        scores = torch.matmul(qg, k_cache.transpose(-1, -2)).float() * scale
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(q.dtype)
+        o = torch.matmul(probs, v_cache)
+    elif impl == "sdpa_efficient":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            o = F.scaled_dot_product_attention(qg, k_cache, v_cache, attn_mask=mask, scale=scale)
+    else:
+        o = F.scaled_dot_product_attention(qg, k_cache, v_cache, attn_mask=mask, scale=scale)
+    return o.reshape(b, h, s, d)
 
 
 class MLP(nn.Module):
