@@ -111,3 +111,41 @@ def test_merge_rules():
         merge_linears(odd, ["k_proj", "v_proj"])
     with pytest.raises(NotImplementedError, match="per-tensor"):
         merge_linears([PerTensorFP8Linear(128, 128), PerTensorFP8Linear(128, 128)], ["q", "k"])
+
+
+def _attention_reference(q, k_cache, v_cache, positions, scale):
+    rep = q.shape[1] // k_cache.shape[1]
+    k, v = (t.double().repeat_interleave(rep, 1) for t in (k_cache, v_cache))
+    scores = (q.double() @ k.transpose(-1, -2)) * scale
+    visible = torch.arange(k.shape[2]) <= positions[:, None, :, None]
+    return scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("impl", ["sdpa_mask", "math", "flex"])
+def test_decode_attention_formulations_agree(impl):
+    # Every decode-attention formulation is softmax attention over the visible cache slots only: slots after a
+    # row's position hold huge values that would dominate if the mask were wrong.
+    from fp8_fusion_pass.models.engine import decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, h, hkv, t, d = 3, 8, 2, 24, 64
+    q = torch.randn(b, h, 2, d, generator=g).bfloat16()
+    k_cache = torch.randn(b, hkv, t, d, generator=g).bfloat16()
+    v_cache = torch.randn(b, hkv, t, d, generator=g).bfloat16()
+    positions = torch.tensor([[3, 4], [10, 11], [22, 23]])
+    for row, (_, last) in enumerate(positions.tolist()):
+        k_cache[row, :, last + 1:] = 1e4
+        v_cache[row, :, last + 1:] = 1e4
+    want = _attention_reference(q, k_cache, v_cache, positions, d**-0.5)
+    got = decode_attention(q, k_cache, v_cache, positions, d**-0.5, impl)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    assert ((got.double() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_decode_attention_rejects_unknown_impl():
+    from fp8_fusion_pass.models.engine import decode_attention
+
+    q = torch.zeros(1, 2, 1, 8)
+    with pytest.raises(ValueError, match="decode attention impl"):
+        decode_attention(q, torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, dtype=torch.long),
+                         1.0, "flash")

@@ -54,111 +54,149 @@ class Choice:
 # (arch name, M bucket, N, K) -> Choice, from ``benchmarks/gemm.py`` (see the module docstring).
 # fmt: off
 TABLE: dict[tuple[str, int, int, int], Choice] = {
-    # Measured 2026-11-29 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.25 TB/s) by
-    # `python benchmarks/gemm.py --ms 1,4,16,32,64`; each comment is the measured time of the chosen config.
-    # The sweep's winners mostly used the in-launch split-K sum ("last", 6-12% faster); they are pinned to the
-    # two-launch sum ("kernel") here because "last" failed under torch.compile CUDA-graph trees on the H200
-    # (test_last_program_sum_under_cudagraph_trees), and decode runs under CUDA graphs.
-    # 10.8 us = 1.82x roofline; cuBLAS 19.5 us, bf16 14.9 us
-    ("sm90", 1, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 10.1 us = 1.70x roofline; cuBLAS 16.1 us, bf16 16.0 us
-    ("sm90", 4, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 10.8 us = 1.80x roofline; cuBLAS 16.2 us, bf16 15.5 us
-    ("sm90", 16, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 12.3 us = 2.03x roofline; cuBLAS 16.2 us, bf16 15.9 us
-    ("sm90", 32, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 15.2 us = 2.47x roofline; cuBLAS 16.5 us, bf16 16.0 us
+    # M buckets 1, 16, 64: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy
+    # 4.28 TB/s) by `python benchmarks/gemm.py --ms 1,16,64` (the merged engine shapes and the HF form's separate
+    # q / k / v / gate / up shapes); each comment is the measured time of the chosen config. The in-launch
+    # split-K sum ("last") is allowed since its counters moved out of cudagraph-tree pools (it passes
+    # test_last_program_sum_under_cudagraph_trees on the H200); it was 4-9% faster than the two-launch sum.
+    # 5.5 us = 5.55x roofline; cuBLAS 18.8 us, bf16 7.8 us
+    ("sm90", 1, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 6, 'last', 1, False)),
+    # 5.9 us = 4.82x roofline; cuBLAS 21.6 us, bf16 8.3 us
+    ("sm90", 1, 1024, 5120): Choice("small_m", SmallMConfig(64, 8, 4, 6, 'last', 1, False)),
+    # 8.3 us = 2.11x roofline; cuBLAS 19.2 us, bf16 12.6 us
+    ("sm90", 1, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False)),
+    # 17.1 us = 1.45x roofline; cuBLAS 28.5 us, bf16 29.9 us
+    ("sm90", 1, 4096, 12288): Choice("small_m", SmallMConfig(128, 8, 8, 4, 'last', 1, False)),
+    # 18.9 us = 1.37x roofline; cuBLAS 31.3 us, bf16 32.1 us
+    ("sm90", 1, 4096, 14336): Choice("small_m", SmallMConfig(128, 8, 8, 4, 'last', 1, False)),
+    # 15.1 us = 1.54x roofline; cuBLAS 24.3 us, bf16 26.2 us
+    ("sm90", 1, 5120, 8192): Choice("small_m", SmallMConfig(128, 7, 8, 4, 'last', 1, False)),
+    # 36.9 us = 1.20x roofline; cuBLAS 48.3 us, bf16 74.3 us
+    ("sm90", 1, 5120, 25600): Choice("small_m", SmallMConfig(128, 7, 4, 4, 'last', 1, False)),
+    # 10.5 us = 1.79x roofline; cuBLAS 19.4 us, bf16 14.9 us
+    ("sm90", 1, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
+    # 14.3 us = 1.46x roofline; cuBLAS 22.9 us, bf16 22.7 us
+    ("sm90", 1, 8192, 5120): Choice("small_m", SmallMConfig(128, 4, 8, 4, 'last', 1, False)),
+    # 17.2 us = 1.40x roofline; cuBLAS 24.0 us, bf16 27.8 us
+    ("sm90", 1, 10240, 5120): Choice("small_m", SmallMConfig(128, 3, 8, 4, 'last', 1, False)),
+    # 16.4 us = 1.40x roofline; cuBLAS 23.3 us, bf16 27.7 us
+    ("sm90", 1, 12288, 4096): Choice("small_m", SmallMConfig(128, 4, 8, 4, 'last', 1, False)),
+    # 18.8 us = 1.37x roofline; cuBLAS 24.9 us, bf16 30.4 us
+    ("sm90", 1, 14336, 4096): Choice("small_m", SmallMConfig(128, 2, 8, 4, 'last', 1, False)),
+    # 28.1 us = 1.19x roofline; cuBLAS 37.6 us, bf16 49.6 us
+    ("sm90", 1, 24576, 4096): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
+    # 35.5 us = 1.16x roofline; cuBLAS 46.8 us, bf16 68.6 us
+    ("sm90", 1, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
+    # 31.5 us = 1.15x roofline; cuBLAS 45.1 us, bf16 61.6 us
+    ("sm90", 1, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
+    # 72.5 us = 1.18x roofline; cuBLAS 89.6 us, bf16 133.4 us
+    ("sm90", 1, 51200, 5120): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
+    # 5.6 us = 5.57x roofline; cuBLAS 15.6 us, bf16 8.0 us
+    ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
+    # 6.0 us = 4.78x roofline; cuBLAS 18.3 us, bf16 8.4 us
+    ("sm90", 16, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
+    # 8.7 us = 2.20x roofline; cuBLAS 16.0 us, bf16 12.6 us
+    ("sm90", 16, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
+    # 18.0 us = 1.52x roofline; cuBLAS 24.4 us, bf16 29.4 us
+    ("sm90", 16, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False)),
+    # 19.9 us = 1.44x roofline; cuBLAS 28.0 us, bf16 32.8 us
+    ("sm90", 16, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'last', 1, False)),
+    # 15.4 us = 1.56x roofline; cuBLAS 20.9 us, bf16 26.3 us
+    ("sm90", 16, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
+    # 38.2 us = 1.24x roofline; cuBLAS 46.0 us, bf16 68.0 us
+    ("sm90", 16, 5120, 25600): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
+    # 11.1 us = 1.86x roofline; cuBLAS 16.2 us, bf16 15.8 us
+    ("sm90", 16, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
+    # 15.2 us = 1.53x roofline; cuBLAS 20.2 us, bf16 22.7 us
+    ("sm90", 16, 8192, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
+    # 18.1 us = 1.47x roofline; cuBLAS 20.7 us, bf16 28.3 us
+    ("sm90", 16, 10240, 5120): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False)),
+    # 17.0 us = 1.44x roofline; cuBLAS 21.6 us, bf16 28.2 us
+    ("sm90", 16, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
+    # 19.1 us = 1.38x roofline; cuBLAS 22.3 us, bf16 30.6 us
+    ("sm90", 16, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 2, False)),
+    # 28.2 us = 1.19x roofline; cuBLAS 37.5 us, bf16 50.6 us
+    ("sm90", 16, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False)),
+    # 36.3 us = 1.18x roofline; cuBLAS 43.4 us, bf16 69.6 us
+    ("sm90", 16, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
+    # 32.3 us = 1.17x roofline; cuBLAS 40.5 us, bf16 62.5 us
+    ("sm90", 16, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
+    # 70.1 us = 1.14x roofline; cuBLAS 85.0 us, bf16 135.1 us
+    ("sm90", 16, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'last', 1, False)),
+    # 7.8 us = 7.25x roofline; cuBLAS 15.8 us, bf16 8.1 us
+    ("sm90", 64, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'kernel', 1, False)),
+    # 8.7 us = 6.48x roofline; cuBLAS 18.4 us, bf16 8.6 us
+    ("sm90", 64, 1024, 5120): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'last', 1, False)),
+    # 11.6 us = 2.82x roofline; cuBLAS 16.2 us, bf16 12.1 us
+    ("sm90", 64, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False)),
+    # 24.6 us = 2.03x roofline; cuBLAS 38.6 us, bf16 32.2 us
+    ("sm90", 64, 4096, 12288): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
+    # 27.2 us = 1.93x roofline; cuBLAS 43.5 us, bf16 36.5 us
+    ("sm90", 64, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
+    # 22.1 us = 2.20x roofline; cuBLAS 27.5 us, bf16 29.0 us
+    ("sm90", 64, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False)),
+    # 50.4 us = 1.61x roofline; cuBLAS 72.5 us, bf16 72.1 us
+    ("sm90", 64, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False)),
+    # 15.1 us = 2.46x roofline; cuBLAS 16.4 us, bf16 16.1 us
     ("sm90", 64, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 8.0 us = 2.03x roofline; cuBLAS 19.6 us, bf16 12.5 us
-    ("sm90", 1, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'kernel', 1, False)),
+    # 18.4 us = 1.82x roofline; cuBLAS 19.8 us, bf16 24.6 us
+    ("sm90", 64, 8192, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
+    # 20.8 us = 1.64x roofline; cuBLAS 20.8 us, bf16 28.2 us
+    ("sm90", 64, 10240, 5120): Choice("cublas"),
+    # 19.0 us = 1.56x roofline; cuBLAS 19.0 us, bf16 28.5 us
+    ("sm90", 64, 12288, 4096): Choice("cublas"),
+    # 22.4 us = 1.57x roofline; cuBLAS 22.4 us, bf16 33.5 us
+    ("sm90", 64, 14336, 4096): Choice("cublas"),
+    # 32.4 us = 1.33x roofline; cuBLAS 35.7 us, bf16 52.0 us
+    ("sm90", 64, 24576, 4096): Choice("tiled", TiledConfig(64, 64, 8, 4, 3)),
+    # 40.7 us = 1.29x roofline; cuBLAS 42.1 us, bf16 70.5 us
+    ("sm90", 64, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
+    # 36.2 us = 1.27x roofline; cuBLAS 38.9 us, bf16 63.6 us
+    ("sm90", 64, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
+    # 79.1 us = 1.26x roofline; cuBLAS 79.1 us, bf16 136.8 us
+    ("sm90", 64, 51200, 5120): Choice("cublas"),
+    # M buckets 4 and 32: measured 2026-11-29 (same GPU and versions, `--ms 1,4,16,32,64`), when "last" was
+    # pinned to "kernel"; not re-measured.
     # 8.3 us = 2.09x roofline; cuBLAS 15.8 us, bf16 13.0 us
     ("sm90", 4, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 8.5 us = 2.13x roofline; cuBLAS 16.1 us, bf16 13.3 us
-    ("sm90", 16, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 9.3 us = 2.29x roofline; cuBLAS 16.0 us, bf16 13.5 us
-    ("sm90", 32, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 6, 'kernel', 1, False)),
-    # 11.4 us = 2.76x roofline; cuBLAS 16.2 us, bf16 12.0 us
-    ("sm90", 64, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'kernel', 1, False)),
-    # 27.8 us = 1.18x roofline; cuBLAS 39.1 us, bf16 47.9 us
-    ("sm90", 1, 24576, 4096): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'kernel', 1, False)),
-    # 27.2 us = 1.15x roofline; cuBLAS 36.7 us, bf16 48.5 us
-    ("sm90", 4, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'kernel', 1, False)),
-    # 27.7 us = 1.16x roofline; cuBLAS 37.7 us, bf16 49.0 us
-    ("sm90", 16, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'kernel', 1, False)),
-    # 28.5 us = 1.18x roofline; cuBLAS 40.1 us, bf16 49.4 us
-    ("sm90", 32, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'kernel', 1, False)),
-    # 31.6 us = 1.29x roofline; cuBLAS 36.3 us, bf16 50.4 us
-    ("sm90", 64, 24576, 4096): Choice("tiled", TiledConfig(64, 64, 8, 4, 3)),
-    # 16.7 us = 1.41x roofline; cuBLAS 30.7 us, bf16 29.3 us
-    ("sm90", 1, 4096, 12288): Choice("small_m", SmallMConfig(128, 8, 8, 4, 'kernel', 1, False)),
     # 17.0 us = 1.43x roofline; cuBLAS 25.3 us, bf16 30.5 us
     ("sm90", 4, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'kernel', 1, False)),
-    # 17.8 us = 1.49x roofline; cuBLAS 22.9 us, bf16 28.5 us
-    ("sm90", 16, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 18.8 us = 1.57x roofline; cuBLAS 38.0 us, bf16 29.4 us
-    ("sm90", 32, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 23.9 us = 1.96x roofline; cuBLAS 37.9 us, bf16 31.3 us
-    ("sm90", 64, 4096, 12288): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
-    # 30.3 us = 1.10x roofline; cuBLAS 43.1 us, bf16 54.9 us
-    ("sm90", 1, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'kernel', 1, False)),
-    # 30.6 us = 1.11x roofline; cuBLAS 38.2 us, bf16 55.4 us
-    ("sm90", 4, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
-    # 31.3 us = 1.13x roofline; cuBLAS 37.1 us, bf16 56.4 us
-    ("sm90", 16, 28672, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'kernel', 1, False)),
-    # 32.4 us = 1.15x roofline; cuBLAS 37.8 us, bf16 57.2 us
-    ("sm90", 32, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
-    # 35.9 us = 1.26x roofline; cuBLAS 39.2 us, bf16 61.4 us
-    ("sm90", 64, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
-    # 18.6 us = 1.34x roofline; cuBLAS 31.9 us, bf16 31.3 us
-    ("sm90", 1, 4096, 14336): Choice("small_m", SmallMConfig(128, 8, 8, 4, 'kernel', 1, False)),
     # 18.8 us = 1.36x roofline; cuBLAS 30.1 us, bf16 31.6 us
     ("sm90", 4, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
-    # 19.8 us = 1.43x roofline; cuBLAS 27.6 us, bf16 32.3 us
-    ("sm90", 16, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'kernel', 1, False)),
-    # 21.2 us = 1.52x roofline; cuBLAS 43.0 us, bf16 33.0 us
-    ("sm90", 32, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 26.9 us = 1.90x roofline; cuBLAS 43.3 us, bf16 35.6 us
-    ("sm90", 64, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
-    # 17.3 us = 1.40x roofline; cuBLAS 24.1 us, bf16 27.4 us
-    ("sm90", 1, 10240, 5120): Choice("small_m", SmallMConfig(128, 3, 4, 4, 'kernel', 1, False)),
-    # 17.1 us = 1.38x roofline; cuBLAS 20.1 us, bf16 28.1 us
-    ("sm90", 4, 10240, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'kernel', 1, False)),
-    # 18.1 us = 1.46x roofline; cuBLAS 20.8 us, bf16 28.2 us
-    ("sm90", 16, 10240, 5120): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'kernel', 1, False)),
-    # 19.1 us = 1.53x roofline; cuBLAS 20.7 us, bf16 28.4 us
-    ("sm90", 32, 10240, 5120): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'kernel', 1, False)),
-    # 21.2 us = 1.67x roofline; cuBLAS 21.2 us, bf16 28.0 us
-    ("sm90", 64, 10240, 5120): Choice("cublas"),
-    # 14.9 us = 1.51x roofline; cuBLAS 25.2 us, bf16 25.8 us
-    ("sm90", 1, 5120, 8192): Choice("small_m", SmallMConfig(128, 7, 8, 4, 'kernel', 1, False)),
     # 14.9 us = 1.51x roofline; cuBLAS 21.7 us, bf16 26.3 us
     ("sm90", 4, 5120, 8192): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 15.3 us = 1.54x roofline; cuBLAS 21.3 us, bf16 26.0 us
-    ("sm90", 16, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'kernel', 1, False)),
-    # 16.6 us = 1.66x roofline; cuBLAS 27.5 us, bf16 26.8 us
-    ("sm90", 32, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'kernel', 1, False)),
-    # 22.2 us = 2.19x roofline; cuBLAS 27.8 us, bf16 29.0 us
-    ("sm90", 64, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'kernel', 1, False)),
-    # 70.4 us = 1.14x roofline; cuBLAS 87.7 us, bf16 128.5 us
-    ("sm90", 1, 51200, 5120): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'kernel', 1, False)),
-    # 70.7 us = 1.15x roofline; cuBLAS 87.5 us, bf16 129.4 us
-    ("sm90", 4, 51200, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'kernel', 1, False)),
-    # 67.0 us = 1.08x roofline; cuBLAS 75.7 us, bf16 130.9 us
-    ("sm90", 16, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'kernel', 1, False)),
-    # 68.2 us = 1.09x roofline; cuBLAS 85.0 us, bf16 132.2 us
-    ("sm90", 32, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'kernel', 1, False)),
-    # 78.3 us = 1.24x roofline; cuBLAS 78.3 us, bf16 132.2 us
-    ("sm90", 64, 51200, 5120): Choice("cublas"),
-    # 36.4 us = 1.18x roofline; cuBLAS 50.4 us, bf16 71.4 us
-    ("sm90", 1, 5120, 25600): Choice("small_m", SmallMConfig(128, 7, 4, 4, 'kernel', 1, False)),
     # 36.1 us = 1.17x roofline; cuBLAS 44.2 us, bf16 74.4 us
     ("sm90", 4, 5120, 25600): Choice("small_m", SmallMConfig(64, 5, 4, 4, 'kernel', 1, False)),
-    # 37.6 us = 1.22x roofline; cuBLAS 46.1 us, bf16 67.3 us
-    ("sm90", 16, 5120, 25600): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
+    # 10.1 us = 1.70x roofline; cuBLAS 16.1 us, bf16 16.0 us
+    ("sm90", 4, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
+    # 17.1 us = 1.38x roofline; cuBLAS 20.1 us, bf16 28.1 us
+    ("sm90", 4, 10240, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'kernel', 1, False)),
+    # 27.2 us = 1.15x roofline; cuBLAS 36.7 us, bf16 48.5 us
+    ("sm90", 4, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'kernel', 1, False)),
+    # 30.6 us = 1.11x roofline; cuBLAS 38.2 us, bf16 55.4 us
+    ("sm90", 4, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
+    # 70.7 us = 1.15x roofline; cuBLAS 87.5 us, bf16 129.4 us
+    ("sm90", 4, 51200, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'kernel', 1, False)),
+    # 9.3 us = 2.29x roofline; cuBLAS 16.0 us, bf16 13.5 us
+    ("sm90", 32, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 6, 'kernel', 1, False)),
+    # 18.8 us = 1.57x roofline; cuBLAS 38.0 us, bf16 29.4 us
+    ("sm90", 32, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
+    # 21.2 us = 1.52x roofline; cuBLAS 43.0 us, bf16 33.0 us
+    ("sm90", 32, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
+    # 16.6 us = 1.66x roofline; cuBLAS 27.5 us, bf16 26.8 us
+    ("sm90", 32, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'kernel', 1, False)),
     # 38.8 us = 1.25x roofline; cuBLAS 72.5 us, bf16 68.2 us
     ("sm90", 32, 5120, 25600): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 49.5 us = 1.58x roofline; cuBLAS 72.6 us, bf16 70.8 us
-    ("sm90", 64, 5120, 25600): Choice("small_m", SmallMConfig(128, 3, 4, 4, 'kernel', 1, False)),
+    # 12.3 us = 2.03x roofline; cuBLAS 16.2 us, bf16 15.9 us
+    ("sm90", 32, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
+    # 19.1 us = 1.53x roofline; cuBLAS 20.7 us, bf16 28.4 us
+    ("sm90", 32, 10240, 5120): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'kernel', 1, False)),
+    # 28.5 us = 1.18x roofline; cuBLAS 40.1 us, bf16 49.4 us
+    ("sm90", 32, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'kernel', 1, False)),
+    # 32.4 us = 1.15x roofline; cuBLAS 37.8 us, bf16 57.2 us
+    ("sm90", 32, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
+    # 68.2 us = 1.09x roofline; cuBLAS 85.0 us, bf16 132.2 us
+    ("sm90", 32, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'kernel', 1, False)),
 }
 # fmt: on
 
