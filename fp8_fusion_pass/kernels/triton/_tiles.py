@@ -86,26 +86,171 @@ class Tile:
 # op: "rms_norm" (also serves rms_norm_group_quant and the unquantized norm: one reduction order),
 # "add_rms_norm", "silu_mul", "group_quant". Empty until the first sweep: the defaults below apply.
 # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s) by
-# `python benchmarks/kernels.py --sweep --ops silu_mul_group_quant --sizes 12288,14336,25600,28672 --ms 2048,8192`
+# `python benchmarks/kernels.py --sweep --sizes 1024,2048,4096,5120,8192,3072,6144,12288,14336,25600,28672`
+# (M 8192, 2048, 256, 16; the fused ops only: group_quant keeps its defaults). One row tile serves the fused
+# and the unquantized norm, so both reduce in the same order.
 MEASURED: dict[tuple[str, int, str], Tile] = {
-    # M=2048: 29.8 us, 1.01x roofline (default tile 33.1 us)
-    # M=8192: 129.3 us, 1.09x roofline (default tile 152.4 us)
+    # M=8192: 14.9 us, 1.08x roofline (default tile 14.9 us)
+    # M=2048: 5.2 us, 1.52x roofline (default tile 5.8 us)
+    ("add_rms_norm", 1024, "large"):
+        Tile(block_m=2, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=256: 2.4 us, 5.51x roofline (default tile 2.6 us)
+    ("add_rms_norm", 1024, "mid"):
+        Tile(block_m=1, gpc=8, num_warps=2, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=16: 1.8 us, 64.95x roofline (default tile 2.1 us)
+    ("add_rms_norm", 1024, "small"):
+        Tile(block_m=1, gpc=8, num_warps=2, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=8192: 32.1 us, 1.16x roofline (default tile 34.4 us)
+    # M=2048: 8.3 us, 1.21x roofline (default tile 8.5 us)
+    ("add_rms_norm", 2048, "large"):
+        Tile(block_m=1, gpc=16, num_warps=2, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=256: 2.8 us, 3.23x roofline (default tile 3.0 us)
+    ("add_rms_norm", 2048, "mid"):
+        Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=16: 1.9 us, 34.12x roofline (default tile 2.2 us)
+    ("add_rms_norm", 2048, "small"):
+        Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=8192: 62.7 us, 1.14x roofline (default tile 65.6 us)
+    # M=2048: 15.0 us, 1.09x roofline (default tile 15.4 us)
+    ("add_rms_norm", 4096, "large"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=256: 3.7 us, 2.14x roofline (default tile 3.8 us)
+    ("add_rms_norm", 4096, "mid"):
+        Tile(block_m=1, gpc=32, num_warps=8, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=16: 2.2 us, 19.95x roofline (default tile 2.2 us)
+    ("add_rms_norm", 4096, "small"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=8192: 78.4 us, 1.14x roofline (default tile 79.2 us)
+    # M=2048: 19.5 us, 1.13x roofline (default tile 19.8 us)
+    ("add_rms_norm", 5120, "large"):
+        Tile(block_m=1, gpc=32, num_warps=8, one_pass=True, tail=8, per_sm=2, prefetch=True),
+    # M=256: 4.5 us, 2.10x roofline (default tile 4.5 us)
+    ("add_rms_norm", 5120, "mid"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=8, per_sm=2, prefetch=True),
+    # M=16: 2.5 us, 18.54x roofline (default tile 2.5 us)
+    ("add_rms_norm", 5120, "small"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=8, per_sm=32, prefetch=True),
+    # M=8192: 120.8 us, 1.09x roofline (default tile 128.6 us)
+    # M=2048: 33.3 us, 1.21x roofline (default tile 34.3 us)
+    ("add_rms_norm", 8192, "large"):
+        Tile(block_m=1, gpc=64, num_warps=8, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=256: 5.4 us, 1.58x roofline (default tile 5.7 us)
+    ("add_rms_norm", 8192, "mid"):
+        Tile(block_m=1, gpc=64, num_warps=8, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=16: 2.9 us, 13.23x roofline (default tile 3.0 us)
+    ("add_rms_norm", 8192, "small"):
+        Tile(block_m=1, gpc=64, num_warps=8, one_pass=True, tail=0, per_sm=32, prefetch=False),
+    # M=8192: 8.4 us, 1.41x roofline (default tile 8.5 us)
+    # M=2048: 3.8 us, 2.58x roofline (default tile 4.0 us)
+    ("rms_norm", 1024, "large"):
+        Tile(block_m=1, gpc=8, num_warps=2, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=256: 2.0 us, 10.98x roofline (default tile 2.3 us)
+    ("rms_norm", 1024, "mid"):
+        Tile(block_m=1, gpc=8, num_warps=2, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=16: 1.7 us, 142.94x roofline (default tile 1.9 us)
+    ("rms_norm", 1024, "small"):
+        Tile(block_m=1, gpc=8, num_warps=2, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=8192: 14.5 us, 1.22x roofline (default tile 14.1 us)
+    # M=2048: 5.6 us, 1.90x roofline (default tile 5.9 us)
+    ("rms_norm", 2048, "large"):
+        Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=256: 2.4 us, 6.47x roofline (default tile 2.6 us)
+    ("rms_norm", 2048, "mid"):
+        Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=16: 1.8 us, 73.62x roofline (default tile 2.0 us)
+    ("rms_norm", 2048, "small"):
+        Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=8192: 28.2 us, 1.19x roofline (default tile 28.2 us)
+    # M=2048: 8.3 us, 1.40x roofline (default tile 8.3 us)
+    ("rms_norm", 4096, "large"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=256: 2.9 us, 3.92x roofline (default tile 3.0 us)
+    ("rms_norm", 4096, "mid"):
+        Tile(block_m=1, gpc=32, num_warps=8, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=16: 2.0 us, 41.45x roofline (default tile 2.0 us)
+    ("rms_norm", 4096, "small"):
+        Tile(block_m=1, gpc=32, num_warps=8, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=8192: 35.2 us, 1.18x roofline (default tile 35.2 us)
+    # M=2048: 10.4 us, 1.40x roofline (default tile 10.4 us)
+    ("rms_norm", 5120, "large"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=8, per_sm=32, prefetch=True),
+    # M=256: 3.5 us, 3.76x roofline (default tile 3.5 us)
+    ("rms_norm", 5120, "mid"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=8, per_sm=2, prefetch=True),
+    # M=16: 2.3 us, 38.43x roofline (default tile 2.3 us)
+    ("rms_norm", 5120, "small"):
+        Tile(block_m=1, gpc=32, num_warps=4, one_pass=True, tail=8, per_sm=32, prefetch=True),
+    # M=8192: 56.4 us, 1.19x roofline (default tile 56.5 us)
+    # M=2048: 14.9 us, 1.25x roofline (default tile 14.9 us)
+    ("rms_norm", 8192, "large"):
+        Tile(block_m=1, gpc=64, num_warps=8, one_pass=True, tail=0, per_sm=2, prefetch=True),
+    # M=256: 4.0 us, 2.67x roofline (default tile 4.0 us)
+    ("rms_norm", 8192, "mid"):
+        Tile(block_m=1, gpc=64, num_warps=16, one_pass=True, tail=0, per_sm=32, prefetch=True),
+    # M=16: 2.4 us, 24.74x roofline (default tile 2.5 us)
+    ("rms_norm", 8192, "small"):
+        Tile(block_m=1, gpc=64, num_warps=8, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=8192: 30.1 us, 1.02x roofline (default tile 31.2 us)
+    # M=2048: 9.2 us, 1.25x roofline (default tile 9.3 us)
+    ("silu_mul", 3072, "large"):
+        Tile(block_m=4, gpc=8, num_warps=8, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=256: 2.8 us, 2.98x roofline (default tile 3.2 us)
+    ("silu_mul", 3072, "mid"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=16: 1.5 us, 25.69x roofline (default tile 1.6 us)
+    ("silu_mul", 3072, "small"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=8192: 64.7 us, 1.09x roofline (default tile 69.3 us)
+    # M=2048: 15.4 us, 1.04x roofline (default tile 15.6 us)
+    ("silu_mul", 6144, "large"):
+        Tile(block_m=2, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=256: 3.8 us, 2.04x roofline (default tile 3.9 us)
+    ("silu_mul", 6144, "mid"):
+        Tile(block_m=2, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=16: 1.6 us, 13.54x roofline (default tile 1.7 us)
+    ("silu_mul", 6144, "small"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=8192: 129.3 us, 1.09x roofline (default tile 129.3 us)
+    # M=2048: 29.8 us, 1.01x roofline (default tile 29.8 us)
     ("silu_mul", 12288, "large"):
         Tile(block_m=2, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
-    # M=2048: 35.6 us, 1.03x roofline (default tile 40.3 us)
-    # M=8192: 149.9 us, 1.09x roofline (default tile 176.8 us)
+    # M=256: 5.2 us, 1.42x roofline (default tile 5.7 us)
+    ("silu_mul", 12288, "mid"):
+        Tile(block_m=2, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=16: 2.0 us, 8.53x roofline (default tile 2.0 us)
+    ("silu_mul", 12288, "small"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=8192: 147.6 us, 1.07x roofline (default tile 149.9 us)
+    # M=2048: 36.0 us, 1.04x roofline (default tile 35.7 us)
     ("silu_mul", 14336, "large"):
-        Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
-    # M=2048: 67.9 us, 1.10x roofline (default tile 79.4 us)
-    # M=8192: 269.1 us, 1.09x roofline (default tile 333.1 us)
+        Tile(block_m=1, gpc=64, num_warps=16, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=256: 5.8 us, 1.34x roofline (default tile 6.7 us)
+    ("silu_mul", 14336, "mid"):
+        Tile(block_m=2, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=16: 2.0 us, 7.51x roofline (default tile 2.1 us)
+    ("silu_mul", 14336, "small"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=8192: 268.5 us, 1.09x roofline (default tile 268.5 us)
+    # M=2048: 67.9 us, 1.10x roofline (default tile 67.9 us)
     ("silu_mul", 25600, "large"):
         Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
-    # M=2048: 75.8 us, 1.10x roofline (default tile 89.4 us)
-    # M=8192: 299.4 us, 1.08x roofline (default tile 371.0 us)
+    # M=256: 9.0 us, 1.17x roofline (default tile 10.4 us)
+    ("silu_mul", 25600, "mid"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=16: 2.3 us, 4.74x roofline (default tile 2.4 us)
+    ("silu_mul", 25600, "small"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=8192: 300.0 us, 1.09x roofline (default tile 300.0 us)
+    # M=2048: 75.2 us, 1.09x roofline (default tile 75.2 us)
     ("silu_mul", 28672, "large"):
         Tile(block_m=1, gpc=16, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=256: 9.8 us, 1.13x roofline (default tile 10.9 us)
+    ("silu_mul", 28672, "mid"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
+    # M=16: 2.3 us, 4.30x roofline (default tile 2.5 us)
+    ("silu_mul", 28672, "small"):
+        Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
 }
-
 def bucket_of(m: int) -> str:
     return next((name for limit, name in BUCKETS if m <= limit), "large")
 
