@@ -27,22 +27,30 @@ First round (2026-11-29, "kernel" reduce only): qkv 6144x4096 M=1 11.6 us = 1.97
 Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_n 64/128, split 3-4, 4 warps,
 4 stages.
 1. reduce "last" vs "kernel": saves the second launch and its graph gap, predicted -2 to -3 us wherever split > 1
-   (qkv M=1 11.6 -> ~9 us; 32B down M=1 38.7 -> ~36.5 us). Measured: pending (GPU round 2).
+   (qkv M=1 11.6 -> ~9 us; 32B down M=1 38.7 -> ~36.5 us). Measured (2026-12-01, 48 points, with / without at
+   the best config): 0.75-1.07x; it helps where split > 1 at M <= 16 (qkv M=1 0.91x, o M=1 0.89x, k|v M=16
+   0.75x), is neutral at split 1 (gate_up) and up to 1.07x slower at M = 64. Smaller than predicted: ~1 us.
 2. k_unroll 2 (two scale groups per iteration, 16 KB of weight per stage at block_n 64): twice the bytes in
    flight per stage, half the loop-carried waits; predicted <= 5% (the 4-stage pipeline already keeps 24 KB in
-   flight per program, about what an SM needs at 32 GB/s per SM x ~0.8 us latency). Measured: pending.
-3. stages 6 vs 4: predicted +-3% (round 1: 4 won). warps 8: only helps block_n >= 128. Measured: pending.
+   flight per program, about what an SM needs at 32 GB/s per SM x ~0.8 us latency). Measured: 0.96-1.38x,
+   slower at almost every point.
+3. stages 6 vs 4: predicted +-3% (round 1: 4 won). warps 8: only helps block_n >= 128. Measured: stages 6
+   0.86-1.42x, warps 8 0.83-1.34x; each wins some shapes, which the TABLE rows record.
 4. block_n 128 / 256 at M = 32..64: every N tile re-reads the activation (64 x 4096 = 256 KB at M=64, 96 tiles:
    25 MB of L2 reads, as much as the weight); 128 / 256 halves / quarters that. Predicted qkv M=64 15.5 -> ~12 us.
-   Measured: pending.
+   Measured: 256 is slower at 47 of 48 points (0.95-4.8x); 128 vs 64 is mixed (0.70-1.42x). Prediction wrong.
 5. fma GEMV (M <= 4) vs ``tl.dot`` padded to 16 rows: the MMA's wasted work is free at this intensity; the GEMV
    saves the shared-memory round trip but Triton may not pipeline loads that feed no dot, so latency is hidden
-   by occupancy only. Predicted within +-10% at M=1, slower at M=4 (4x the fp32 work). Measured: pending.
+   by occupancy only. Predicted within +-10% at M=1, slower at M=4 (4x the fp32 work). Measured: 1.7-5.6x slower
+   at every point: not used.
 6. bf16 input quantized inside (``small_m_mm_bf16``): every N tile re-quantizes its K slice of the rows (96x
    redundant at qkv, ~40 ALU ops per value) and reads 2-byte values; predicted +0.3-1 us over the fp8-input
    GEMM at M <= 16, so never faster than a fused norm+quant feeding the fp8 GEMM (no "worth it" entry on H200),
    but faster than group_quant + GEMM by that launch (~2-3 us) where the producer cannot fuse the quant
-   (o_proj after attention). Measured: pending.
+   (o_proj after attention). Measured (it compiles on Triton 3.6 since ``_x_tile`` has one return): never
+   faster than the fp8-input GEMM (1.02-3.66x); faster than group_quant + GEMM at 11 of 48 points, by at most
+   11% (k|v M=1) and by 2% for o_proj at M=16. So the NVIDIA "worth it" table stays empty and no rewrite of
+   quant + GEMM into it is worth a pattern.
 7. Persistent grid (132 x k programs looping over tiles): here it is the same as choosing split so that the
    launch has ~132 x k programs, which the sweep does (targets 132, 264, 396, 528); not built. 16-byte loads: the
    loads are already 16 B (K % 16 == 0 is specialized), nothing to gain. The whole activation block in shared
@@ -50,7 +58,10 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
 8. The last program's sum loads four partials before adding them (one L2 round trip per four splits, not per
    split): predicted -0.5 to -1 us at split 4 on the tile that finishes last. Not measured separately.
 9. Default split aims at 396 programs (was 264): reproduces round 1's best splits, predicted qkv M=1 13.5 ->
-   11.6 us and 32B down M=16 41.4 -> 39.1 us with the two-launch sum. Measured: pending.
+   11.6 us and 32B down M=16 41.4 -> 39.1 us with the two-launch sum. Measured in round 1 (the TABLE's M = 4 / 32
+   rows); the 2026-12-01 sweep's winners launched 96-400 programs (median 256) per row block.
+Still 1.5-2.8x off the weight-bytes roofline at the 4-6 us projections (qkv, o, k|v): a launch in a CUDA graph
+costs ~2-3 us of ramp and tail whatever its size (benchmarks/profile_step.py: a 1-group quant kernel takes 1.2 us).
 """
 
 from __future__ import annotations
@@ -69,8 +80,8 @@ from ._fp8 import amax_nan, cast_fp8, div_by_scale, fp8_constexprs, reciprocal_o
 REDUCES = ("kernel", "last")
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
-# Until "last" passes tests/kernels/test_blockscale_mm_gpu.py on the GPU, the unmeasured default keeps the
-# two-launch sum that round 1 validated; measured TABLE rows (each checked by benchmarks/gemm.py) may pick "last".
+# Shapes without a TABLE row keep the two-launch sum: "last" (correct under CUDA graphs and cudagraph trees on
+# the H200) was no faster at the default config on median (0.81-1.28x, 48 points); TABLE rows pick it per shape.
 DEFAULT_REDUCE = "kernel"
 
 
