@@ -60,8 +60,9 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
 9. Default split aims at 396 programs (was 264): reproduces round 1's best splits, predicted qkv M=1 13.5 ->
    11.6 us and 32B down M=16 41.4 -> 39.1 us with the two-launch sum. Measured in round 1 (the TABLE's M = 4 / 32
    rows); the 2026-12-01 sweep's winners launched 96-400 programs (median 256) per row block.
-Still 1.5-2.8x off the weight-bytes roofline at the 4-6 us projections (qkv, o, k|v): a launch in a CUDA graph
-costs ~2-3 us of ramp and tail whatever its size (benchmarks/profile_step.py: a 1-group quant kernel takes 1.2 us).
+Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.8-2.8x, the 1 MB k|v
+4.8-7.3x): a launch in a CUDA graph pays a roughly fixed ramp and tail whatever its size (the 4 KB group-quant
+kernel of a decode step runs 1.2 us, benchmarks/profile_step.py).
 """
 
 from __future__ import annotations
