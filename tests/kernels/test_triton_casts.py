@@ -1,0 +1,47 @@
+"""The emulated fp8 / bf16 casts, the division by the scale and the scale itself (``_fp8``), on the CPU interpreter.
+
+``cast_fp8`` and ``round_to`` against torch's casts on every bf16 value and random fp32 (e4m3fn and e4m3fnuz);
+``div_by_scale`` and ``scale_of`` against the CPU's IEEE division, bit for bit. The checks live in
+``elementwise_checks.py``; ``TestCuda`` in ``test_triton_elementwise.py`` runs them on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported: triton.jit reads it when a kernel is defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+from elementwise_checks import check_casts, check_division, check_scale, cpu_only
+
+from fp8_fusion_pass import arch
+
+pytestmark = [
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() or arch.triton_interpreting()), reason="needs CUDA or TRITON_INTERPRET=1"
+    ),
+    # numpy under the interpreter warns on the adversarial values (inf * 0, exp overflow, all-NaN groups): intended
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]
+
+
+# ---------------------------------------------------------------- the emulated casts (interpreter workarounds)
+
+
+@cpu_only
+def test_division_by_the_scale_is_exact():
+    check_division("cpu")
+
+
+@cpu_only
+def test_scale_is_the_correctly_rounded_quotient():
+    check_scale("cpu")
+
+
+@cpu_only
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz], ids=["e4m3fn", "e4m3fnuz"])
+def test_emulated_casts_match_torch(fp8):
+    check_casts(fp8, "cpu", emulate=True)
