@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import copy_bandwidth  # noqa: E402
 
 from fp8_fusion_pass import report  # noqa: E402
+from fp8_fusion_pass.config import FusionConfig  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
 from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
@@ -49,12 +50,16 @@ def log(msg: str) -> None:
 def compile_step(fn, with_pass: bool):
     options = {"triton.cudagraphs": True}
     if with_pass:
-        options["post_grad_custom_post_pass"] = FP8FusionPass()
+        options["post_grad_custom_post_pass"] = FP8FusionPass(PASS_CONFIG)
     return torch.compile(fn, options=options, dynamic=False)
 
 
+# The pass's config for every "+pass" variant (``--inline-norms`` adds FusionConfig(inline_norm=True)).
+PASS_CONFIG = FusionConfig()
+
+
 def pass_options(with_pass: bool) -> dict:
-    return {"post_grad_custom_post_pass": FP8FusionPass()} if with_pass else {}
+    return {"post_grad_custom_post_pass": FP8FusionPass(PASS_CONFIG)} if with_pass else {}
 
 
 def compile_regions(model, with_pass: bool) -> None:
@@ -267,11 +272,15 @@ def main(argv=None) -> int:
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
+    p.add_argument("--inline-norms", action="store_true",
+                   help="the pass also inlines leftover norm ops for Inductor (FusionConfig(inline_norm=True))")
     p.add_argument("--compile", choices=("regional", "full"), default="regional",
                    help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
                         "full: one torch.compile of the step with cudagraph trees")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
+    global PASS_CONFIG
+    PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms)
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)
     bw = copy_bandwidth()

@@ -20,7 +20,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
+import decode  # noqa: E402
 from decode import EngineRunner, HFRunner, capture, compile_regions, log, time_replays  # noqa: E402
+
+from fp8_fusion_pass.config import FusionConfig  # noqa: E402
 
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
 
@@ -92,8 +95,10 @@ def main(argv=None) -> int:
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--variants", default="block,block+pass,bf16")
+    p.add_argument("--inline-norms", action="store_true", help="as decode.py --inline-norms")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
+    decode.PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms)
     torch.set_grad_enabled(False)
     summary = []
     for form in args.forms.split(","):

@@ -171,7 +171,8 @@ class _Run:
             self.report.notes.append("not an inference graph (it needs gradients): left alone")
         else:
             for name, stage in (("dedup_quant", self._dedup), ("fusions", self._fuse),
-                                ("why-not scan", self._explain), ("zero_fill", self._zero_fill)):
+                                ("why-not scan", self._explain), ("inline_norm", self._inline_norms),
+                                ("zero_fill", self._zero_fill)):
                 try:
                     stage()
                 except Exception as e:  # noqa: BLE001 - e.g. a pattern that fails to trace on this torch
@@ -216,6 +217,20 @@ class _Run:
 
     def _explain(self) -> None:
         _candidates.explain(self.graph, self.explained, self._record)
+
+    def _inline_norms(self) -> None:
+        fusion = BY_NAME["inline_norm"]
+        gate = guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
+                                     self.deterministic)
+        if not gate.ok:
+            return
+        from .patterns import inline_norm
+
+        try:
+            _maybe_fail("replacement", fusion.name)
+            inline_norm.run(self.graph, self.report)
+        except Exception as e:  # noqa: BLE001 - failure isolation (a half-inlined norm is still a valid graph)
+            self._fail(fusion, None, "replacement", e)
 
     def _zero_fill(self) -> None:
         fusion = BY_NAME["zero_fill"]
