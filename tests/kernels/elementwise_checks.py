@@ -30,6 +30,15 @@ from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels import reference_backend as refb
 from fp8_fusion_pass.kernels.triton import _fp8
 
+# Every test module of these kernels: runs on a GPU or under the interpreter; numpy under the interpreter warns on
+# the adversarial values (inf * 0, exp overflow, all-NaN groups), which is intended.
+KERNEL_TEST_MARKS = [
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() or arch.triton_interpreting()), reason="needs CUDA or TRITON_INTERPRET=1"
+    ),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]
+
 # ---------------------------------------------------------------- tolerance table: every bound asserted below
 # Fused vs unfused norm (DESIGN.md numerics contract): at most one fp8 step, on at most 5% of values (the seed PR's
 # bound, tolerances.py), scales within the two bf16 roundings of the normalised value (2^-6 relative). Fused and

@@ -15,17 +15,10 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-from elementwise_checks import check_casts, check_division, check_scale, cpu_only
+from elementwise_checks import KERNEL_TEST_MARKS, check_casts, check_division, check_scale, cpu_only
 
-from fp8_fusion_pass import arch
 
-pytestmark = [
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() or arch.triton_interpreting()), reason="needs CUDA or TRITON_INTERPRET=1"
-    ),
-    # numpy under the interpreter warns on the adversarial values (inf * 0, exp overflow, all-NaN groups): intended
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]
+pytestmark = KERNEL_TEST_MARKS
 
 
 # ---------------------------------------------------------------- the emulated casts (interpreter workarounds)

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
 
 import pytest
 from elementwise_checks import (
+    KERNEL_TEST_MARKS,
     BF16,
     EPS,
     HIDDEN,
@@ -49,13 +50,7 @@ from fp8_fusion_pass.kernels.triton import _tiles
 from fp8_fusion_pass.kernels.triton import rms_norm as norm_mod
 from fp8_fusion_pass.kernels.triton.dynamic_per_tensor_quant import SINGLE_PROGRAM_MAX
 
-pytestmark = [
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() or arch.triton_interpreting()), reason="needs CUDA or TRITON_INTERPRET=1"
-    ),
-    # numpy under the interpreter warns on the adversarial values (inf * 0, exp overflow, all-NaN groups): intended
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]
+pytestmark = KERNEL_TEST_MARKS
 
 
 # ---------------------------------------------------------------- every kernel vs the reference, CPU interpreter

@@ -20,6 +20,7 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
 import pytest
 import triton
 from elementwise_checks import (
+    KERNEL_TEST_MARKS,
     EPS,
     HIDDEN,
     _assert_activation_close,
@@ -33,7 +34,6 @@ from elementwise_checks import (
     cpu_only,
 )
 
-from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels import reference_backend as refb
 from fp8_fusion_pass.kernels.triton import _tiles
@@ -41,13 +41,7 @@ from fp8_fusion_pass.kernels.triton import group_quant as gq_mod
 from fp8_fusion_pass.kernels.triton import rms_norm as norm_mod
 from fp8_fusion_pass.kernels.triton import silu_and_mul as silu_mod
 
-pytestmark = [
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() or arch.triton_interpreting()), reason="needs CUDA or TRITON_INTERPRET=1"
-    ),
-    # numpy under the interpreter warns on the adversarial values (inf * 0, exp overflow, all-NaN groups): intended
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]
+pytestmark = KERNEL_TEST_MARKS
 
 
 # ---------------------------------------------------------------- the GPU tile shapes, run through the interpreter
