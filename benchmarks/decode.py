@@ -54,7 +54,7 @@ def compile_step(fn, with_pass: bool):
     return torch.compile(fn, options=options, dynamic=False)
 
 
-# The pass's config for every "+pass" variant (``--inline-norms`` adds FusionConfig(inline_norm=True)).
+# The pass's config for every "+pass" variant (``--inline-norms`` / ``--group-gemms`` add the opt-in rewrites).
 PASS_CONFIG = FusionConfig()
 
 
@@ -274,13 +274,15 @@ def main(argv=None) -> int:
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--inline-norms", action="store_true",
                    help="the pass also inlines leftover norm ops for Inductor (FusionConfig(inline_norm=True))")
+    p.add_argument("--group-gemms", action="store_true",
+                   help="the pass also groups GEMMs of one activation (FusionConfig(group_gemm=True))")
     p.add_argument("--compile", choices=("regional", "full"), default="regional",
                    help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
                         "full: one torch.compile of the step with cudagraph trees")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
     global PASS_CONFIG
-    PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms)
+    PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms, group_gemm=args.group_gemms)
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)
     bw = copy_bandwidth()

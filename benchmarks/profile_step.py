@@ -96,9 +96,10 @@ def main(argv=None) -> int:
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--variants", default="block,block+pass,bf16")
     p.add_argument("--inline-norms", action="store_true", help="as decode.py --inline-norms")
+    p.add_argument("--group-gemms", action="store_true", help="as decode.py --group-gemms")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
-    decode.PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms)
+    decode.PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms, group_gemm=args.group_gemms)
     torch.set_grad_enabled(False)
     summary = []
     for form in args.forms.split(","):

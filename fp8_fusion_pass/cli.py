@@ -57,7 +57,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dynamic", action="store_true",
                    help="dynamic shapes, floats kept constant as fp8_fusion_pass.fuse(model, dynamic=True) does")
     p.add_argument("--only", metavar="A,B",
-                   help="enable only these fusions: norm_quant,silu_quant,dedup_quant,inline_norm,zero_fill")
+                   help="enable only these fusions: norm_quant,silu_quant,dedup_quant,inline_norm,group_gemm,zero_fill")
 
 
 def build_parser() -> argparse.ArgumentParser:

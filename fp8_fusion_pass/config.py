@@ -10,7 +10,7 @@ import dataclasses
 import os
 
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
-FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "inline_norm", "zero_fill")
+FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "inline_norm", "group_gemm", "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 
@@ -24,6 +24,9 @@ class FusionConfig:
     # rms_norm / add_rms_norm ops left after the fusions  =>  their aten ops, for Inductor to fuse with neighbours.
     # Off by default: not yet measured on a GPU (patterns/inline_norm.py).
     inline_norm: bool = False
+    # blockscale_mms of one quantized activation (HF q/k/v, gate/up)  =>  one blockscale_mm_grouped.
+    # Off by default: not yet measured on a GPU (patterns/group_gemm.py).
+    group_gemm: bool = False
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)
     # Honour FP8_FUSION_DISABLE from the environment at compile time.

@@ -3,7 +3,8 @@
 Per call (one compiled graph): a fresh report; training graphs are left alone (with a note); duplicate quants
 collapse; the norm / silu fusions run as ``PatternMatcherPass`` entries anchored at ``group_quant``, each match
 judged by the guards and recorded (applied or rejected, with a reason); every norm / silu / quant still in the
-graph then gets its "why not"; the zero-fill rewrite runs last. One INFO line per compile on the
+graph then gets its "why not"; the opt-in rewrites (leftover norms inlined, GEMMs of one activation grouped)
+follow; the zero-fill rewrite runs last. One INFO line per compile on the
 ``fp8_fusion_pass`` logger. A guard or replacement that raises leaves its match unrewritten, warns once per
 kind of failure, and is recorded as an error: the compile itself never fails because of the pass.
 
@@ -172,7 +173,7 @@ class _Run:
         else:
             for name, stage in (("dedup_quant", self._dedup), ("fusions", self._fuse),
                                 ("why-not scan", self._explain), ("inline_norm", self._inline_norms),
-                                ("zero_fill", self._zero_fill)):
+                                ("group_gemm", self._group_gemms), ("zero_fill", self._zero_fill)):
                 try:
                     stage()
                 except Exception as e:  # noqa: BLE001 - e.g. a pattern that fails to trace on this torch
@@ -217,6 +218,20 @@ class _Run:
 
     def _explain(self) -> None:
         _candidates.explain(self.graph, self.explained, self._record)
+
+    def _group_gemms(self) -> None:
+        fusion = BY_NAME["group_gemm"]
+        gate = guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
+                                     self.deterministic)
+        if not gate.ok:
+            return
+        from .patterns import group_gemm
+
+        try:
+            _maybe_fail("replacement", fusion.name)
+            group_gemm.run(self.graph, self.report)
+        except Exception as e:  # noqa: BLE001 - failure isolation (each group is rewritten whole or not at all)
+            self._fail(fusion, None, "replacement", e)
 
     def _inline_norms(self) -> None:
         fusion = BY_NAME["inline_norm"]

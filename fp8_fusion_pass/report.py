@@ -19,7 +19,7 @@ SCHEMA_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    pattern: str  # "norm_quant", "add_norm_quant", "silu_quant", "dedup_quant", "inline_norm", "zero_fill"
+    pattern: str  # "norm_quant", "add_norm_quant", "silu_quant", "dedup_quant", "inline_norm", "group_gemm", ...
     node: str  # the graph node the decision is about (anchor of the match)
     shapes: str = ""  # e.g. "x[s0, 4096] w[4096]"
     dtype: str = ""  # activation dtype, e.g. "bfloat16"

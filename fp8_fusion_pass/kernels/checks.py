@@ -87,6 +87,14 @@ def blockscale_mm_args(op, q, x_scale, w_q, w_scale, out_dtype) -> None:
     same_device(op, q=q, x_scale=x_scale, w_q=w_q, w_scale=w_scale)
 
 
+def blockscale_mm_grouped_args(op, q, x_scale, w_qs, w_scales, out_dtype) -> None:
+    if len(w_qs) == 0 or len(w_qs) != len(w_scales):
+        raise ValueError(f"{op}: w_qs and w_scales must be non-empty lists of one length, got {len(w_qs)} and "
+                         f"{len(w_scales)}")
+    for w_q, w_scale in zip(w_qs, w_scales):
+        blockscale_mm_args(op, q, x_scale, w_q, w_scale, out_dtype)
+
+
 def per_tensor_mm_args(op, q, x_scale, w_q, w_scale, out_dtype) -> None:
     if q.dtype not in FP8_DTYPES or w_q.dtype != q.dtype:
         raise TypeError(f"{op}: q and w_q must share one fp8 dtype, got {q.dtype} and {w_q.dtype}")

@@ -11,6 +11,7 @@ Outputs (``x [..., K]``, ``g = group_size``):
   silu_and_mul(x [..., 2I])                          -> y [..., I]      (gate = first half)
   group_quant(x, g)                                  -> (q [..., K] fp8, scale [..., K/g] fp32, row-major)
   blockscale_mm(q [M,K], x_scale [M,K/g], w_q [N,K], w_scale [N/128,K/128], out_dtype) -> y [M, N]
+  blockscale_mm_grouped(q, x_scale, [w_q_i [N_i,K]], [w_scale_i], out_dtype)          -> y [M, sum N_i]
   per_tensor_mm(q [M,K], x_scale [1], w_q [N,K], w_scale [1], out_dtype)              -> y [M, N]
   rms_norm_group_quant(x, w, eps, g)                 -> (q, scale)
   add_rms_norm_group_quant(x, residual, w, eps, g)   -> (q, scale, residual_out)
@@ -130,6 +131,21 @@ def _(q, x_scale, w_q, w_scale, out_dtype):
     return q.new_empty((q.shape[0], w_q.shape[0]), dtype=out_dtype)
 
 
+@custom_op(f"{NS}::blockscale_mm_grouped", mutates_args=())
+def blockscale_mm_grouped(q: Tensor, x_scale: Tensor, w_qs: list[Tensor], w_scales: list[Tensor],
+                          out_dtype: torch.dtype) -> Tensor:
+    """``cat([blockscale_mm(q, x_scale, w, ws) for w, ws in ...], -1)``: GEMMs sharing one activation (HF q/k/v,
+    gate/up) in one launch where the backend can (``kernels/triton/blockscale_mm_grouped.py``)."""
+    checks.blockscale_mm_grouped_args("blockscale_mm_grouped", q, x_scale, w_qs, w_scales, out_dtype)
+    return _kernel("blockscale_mm_grouped", q)(q, x_scale, list(w_qs), list(w_scales), out_dtype)
+
+
+@blockscale_mm_grouped.register_fake
+def _(q, x_scale, w_qs, w_scales, out_dtype):
+    checks.blockscale_mm_grouped_args("blockscale_mm_grouped", q, x_scale, w_qs, w_scales, out_dtype)
+    return q.new_empty((q.shape[0], sum(w.shape[0] for w in w_qs)), dtype=out_dtype)
+
+
 @custom_op(f"{NS}::per_tensor_mm", mutates_args=())
 def per_tensor_mm(q: Tensor, x_scale: Tensor, w_q: Tensor, w_scale: Tensor, out_dtype: torch.dtype) -> Tensor:
     checks.per_tensor_mm_args("per_tensor_mm", q, x_scale, w_q, w_scale, out_dtype)
@@ -216,5 +232,5 @@ def _(out, x, scale):
 
 
 UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm")
-FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant")
+FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped")
 MUTATING = ("dynamic_per_tensor_quant",)

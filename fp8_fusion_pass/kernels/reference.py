@@ -94,6 +94,11 @@ def blockscale_mm(q, x_scale, w_q, w_scale, out_dtype: torch.dtype) -> torch.Ten
     return (dequant_activation(q, x_scale) @ dequant_weight(w_q, w_scale).t()).to(out_dtype)
 
 
+def blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype: torch.dtype) -> torch.Tensor:
+    """The GEMMs of one activation with several weights, outputs concatenated along N."""
+    return torch.cat([blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)], dim=-1)
+
+
 def per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float):
     """Dynamic per-tensor quant: one scale for the whole tensor. Returns ``(q, scale[1])``."""
     xf = x.to(torch.float32)

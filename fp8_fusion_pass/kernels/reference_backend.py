@@ -48,6 +48,7 @@ def kernels() -> dict:
         "silu_and_mul": ref.silu_and_mul,
         "group_quant": group_quant,
         "blockscale_mm": ref.blockscale_mm,
+        "blockscale_mm_grouped": ref.blockscale_mm_grouped,
         "per_tensor_mm": ref.per_tensor_mm,
         "rms_norm_group_quant": rms_norm_group_quant,
         "add_rms_norm_group_quant": add_rms_norm_group_quant,

@@ -31,6 +31,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("silu_quant", "silu_quant", "silu_quant", "silu_mul_group_quant", True),
     # rms_norm / add_rms_norm with no quant consumer (left after the fusions)  ->  its aten ops (off by default)
     Fusion("inline_norm", "inline_norm", "inline_norm", None, False),
+    # blockscale_mm x 2-3 of one (q, scale)  ->  blockscale_mm_grouped + slices (off by default)
+    Fusion("group_gemm", "group_gemm", "group_gemm", "blockscale_mm_grouped", False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

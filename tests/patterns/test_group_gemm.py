@@ -1,0 +1,94 @@
+"""group_gemm: blockscale_mms of one quantized activation become one blockscale_mm_grouped
+(FusionConfig(group_gemm=True))."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pattern_helpers import capture, count, run_pass
+
+from fp8_fusion_pass import report as report_mod
+from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.fusion_pass import FP8FusionPass
+from fp8_fusion_pass.models import build_model, example_inputs
+
+ops = torch.ops.fp8_fusion
+LAYERS = 2
+GROUP = FusionConfig(group_gemm=True)
+
+
+@pytest.fixture(scope="module")
+def hf_graph():
+    m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
+    (gm,) = capture(m, *example_inputs(m, 2, 5))
+    return gm
+
+
+def test_off_by_default(hf_graph):
+    r, gm = run_pass(hf_graph)
+    assert "group_gemm" not in r.counts()
+    assert count(gm, ops.blockscale_mm.default) == 7 * LAYERS and count(gm, ops.blockscale_mm_grouped.default) == 0
+
+
+def test_hf_projections_of_one_input_are_grouped(hf_graph):
+    r, gm = run_pass(hf_graph, GROUP)
+    c = r.counts()
+    # per layer: q/k/v (after dedup_quant and the norm fusion share one quant) and gate/up; o and down stay alone
+    assert c["group_gemm"] == 2 * LAYERS, r.render()
+    assert count(gm, ops.blockscale_mm_grouped.default) == 2 * LAYERS
+    assert count(gm, ops.blockscale_mm.default) == 2 * LAYERS
+    # the fusions before it are unchanged
+    assert (c["norm_quant"], c["add_norm_quant"], c["silu_quant"]) == (1, 2 * LAYERS - 1, LAYERS)
+    details = sorted({d.detail.split(": ")[1] for d in r.applied if d.pattern == "group_gemm"})
+    cfg = build_model("qwen3-tiny", form="hf", layers=1).config
+    head = cfg.head_dim
+    qkv = f"N = {cfg.num_attention_heads * head} + {cfg.num_key_value_heads * head} + {cfg.num_key_value_heads * head}"
+    gate_up = f"N = {cfg.intermediate_size} + {cfg.intermediate_size}"
+    assert details == sorted([qkv, gate_up])
+    assert not r.errors and not r.notes
+
+
+def test_engine_form_has_nothing_to_group():
+    m = build_model("qwen3-tiny", form="engine", layers=LAYERS)
+    (gm,) = capture(m, *example_inputs(m, 2, 5))
+    r, _ = run_pass(gm, GROUP)
+    assert "group_gemm" not in r.counts()  # qkv_proj and gate_up_proj are merged already
+
+
+def test_deterministic_mode_keeps_it_off(hf_graph):
+    torch.use_deterministic_algorithms(True)
+    try:
+        r, _ = run_pass(hf_graph, GROUP)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "group_gemm" not in r.counts()
+
+
+def test_whole_model_outputs_are_unchanged_on_the_reference_backend():
+    # On the CPU the grouped op is the concatenation of the same reference GEMMs: the logits must be bit-identical.
+    m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
+    inputs = example_inputs(m, 2, 5)
+    outs = {}
+    with torch.no_grad():
+        for config in (FusionConfig(), GROUP):
+            torch._dynamo.reset()
+            report_mod.clear_reports()
+            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
+            outs[config.group_gemm] = torch.compile(m, options=opts)(*inputs).logits
+            assert report_mod.last_report().counts().get("group_gemm", 0) == (2 * LAYERS if config.group_gemm else 0)
+    torch._dynamo.reset()
+    assert torch.equal(outs[True], outs[False])
+
+
+def test_grouped_op_checks_its_inputs():
+    q = torch.zeros(2, 256, dtype=torch.float8_e4m3fn)
+    s = torch.ones(2, 2)
+    w = torch.zeros(128, 256, dtype=torch.float8_e4m3fn)
+    ws = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="non-empty lists of one length"):
+        ops.blockscale_mm_grouped(q, s, [w, w], [ws], torch.bfloat16)
+    with pytest.raises(ValueError, match="K=256"):
+        ops.blockscale_mm_grouped(q, s, [w, torch.zeros(128, 128, dtype=torch.float8_e4m3fn)], [ws, ws],
+                                  torch.bfloat16)
+    y = ops.blockscale_mm_grouped(q, s, [w, w[:64]], [ws, ws], torch.bfloat16)
+    assert y.shape == (2, 192)
