@@ -75,15 +75,20 @@ SCRIPT = textwrap.dedent(
     from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
     MM = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32",
           "as_ptr": "*fp32", "bs_ptr": "*fp32", **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bn",
-          "stride_cm", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "k_tiles_per_split")}}
+          "stride_cm", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "k_tiles_per_split")},
+          **{f"{n}{g}": "i32" for g in (1, 2) for n in ("N", "stride_bn", "stride_bsn", "stride_bsk")},
+          "b1_ptr": "*fp8e4nv", "b2_ptr": "*fp8e4nv", "bs1_ptr": "*fp32", "bs2_ptr": "*fp32"}
     # the small-M GEMM: fp8 input with the in-launch split-K sum, the bf16-input variant (its quant inside; it
-    # once failed to compile on the GPU only: two returns of different types), and the GEMV
-    for quant_a, mode, fma, block_m, block_n in [(False, 2, False, 16, 64), (True, 2, False, 16, 64),
-                                                  (True, 1, True, 1, 16)]:
+    # once failed to compile on the GPU only: two returns of different types), the GEMV, and
+    # three GEMMs sharing the activation in one launch (q / k / v: each N tile selects its group's weight)
+    for quant_a, mode, fma, block_m, block_n, groups in [(False, 2, False, 16, 64, 1), (True, 2, False, 16, 64, 1),
+                                                          (True, 1, True, 1, 16, 1), (False, 2, False, 16, 64, 3)]:
         sig = dict(MM, a_ptr="*bf16") if quant_a else MM
         c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1,
-                 MODE=mode, FMA=fma, QUANT_A=quant_a, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, EMULATE_CAST=False)
-        out[f"small_m quant_a={quant_a} mode={mode} fma={fma}"] = build(smk._small_m_kernel, sig, c, 4)
+                 MODE=mode, GROUPS=groups, FMA=fma, QUANT_A=quant_a, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False,
+                 EMULATE_CAST=False)
+        name = f"small_m quant_a={quant_a} mode={mode} fma={fma} groups={groups}"
+        out[name] = build(smk._small_m_kernel, sig, c, 4)
     print("RESULT " + json.dumps(out))
     """
 )
@@ -110,7 +115,7 @@ def test_kernels_compile_for_sm90():
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert len(result) == 16, sorted(result)
+    assert len(result) == 17, sorted(result)
     for name, full_tile_conversions in result.items():
         if name.startswith("norm") and "residual=False" in name and "one_pass=True" in name:
             assert full_tile_conversions == [], f"{name}: rows move through shared memory: {full_tile_conversions}"

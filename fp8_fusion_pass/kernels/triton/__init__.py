@@ -10,6 +10,7 @@ def kernels() -> dict:
     # Imported here, not at package import: importing triton costs time and is not needed on the reference path.
     from .add_rms_norm import add_rms_norm
     from .blockscale_mm import blockscale_mm
+    from .blockscale_mm_grouped import blockscale_mm_grouped
     from .dynamic_per_tensor_quant import dynamic_per_tensor_quant
     from .group_quant import group_quant
     from .per_tensor_mm import per_tensor_mm
@@ -24,6 +25,7 @@ def kernels() -> dict:
         "silu_and_mul": silu_and_mul,
         "group_quant": group_quant,
         "blockscale_mm": blockscale_mm,
+        "blockscale_mm_grouped": blockscale_mm_grouped,
         "per_tensor_mm": per_tensor_mm,
         "rms_norm_group_quant": rms_norm_group_quant,
         "add_rms_norm_group_quant": add_rms_norm_group_quant,

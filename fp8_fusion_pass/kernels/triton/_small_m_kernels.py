@@ -129,6 +129,26 @@ def _x_tile(x_ptrs, xs_ptrs, k0, stride_ask, fp8_dtype: tl.constexpr, GROUP_K: t
     return x, scale
 
 
+@triton.jit
+def _group_of(pid_n, b0, bs0, n0, sbn0, sbsn0, sbsk0, b1, bs1, n1, sbn1, sbsn1, sbsk1,
+              b2, bs2, n2, sbn2, sbsn2, sbsk2, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """The N tile ``pid_n``'s group: its weight / scale pointers, N and strides, its first output column and
+    its first tile. Selects (``tl.where``), not branches: a runtime ``if`` would need both arms' types equal,
+    and a stride of 1 is specialized to a constant in one group but not another."""
+    t1 = tl.cdiv(n0, BLOCK_N)  # group 1's first tile
+    in1 = pid_n >= t1
+    b, bs, n = tl.where(in1, b1, b0), tl.where(in1, bs1, bs0), tl.where(in1, n1, n0)
+    sbn, sbsn, sbsk = tl.where(in1, sbn1, sbn0), tl.where(in1, sbsn1, sbsn0), tl.where(in1, sbsk1, sbsk0)
+    col0, tile0 = tl.where(in1, n0, 0), tl.where(in1, t1, 0)
+    if GROUPS == 3:
+        t2 = t1 + tl.cdiv(n1, BLOCK_N)
+        in2 = pid_n >= t2  # an empty group 1 (t2 == t1) is skipped: its tiles are group 2's
+        b, bs, n = tl.where(in2, b2, b), tl.where(in2, bs2, bs), tl.where(in2, n2, n)
+        sbn, sbsn, sbsk = tl.where(in2, sbn2, sbn), tl.where(in2, sbsn2, sbsn), tl.where(in2, sbsk2, sbsk)
+        col0, tile0 = tl.where(in2, n0 + n1, col0), tl.where(in2, t2, tile0)
+    return b, bs, n, sbn, sbsn, sbsk, col0, tile0
+
+
 # M and the split's K range vary per call: specializing on their divisibility by 16 would compile one variant per
 # value class for no gain (they only index rows and split slabs).
 @triton.jit(do_not_specialize=["M", "k_tiles_per_split"])
@@ -142,20 +162,35 @@ def _small_m_kernel(
     bs_ptr,  # weight scales, element (n // 128, k // 128)
     M, N, K,
     stride_am, stride_bn, stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk,
-    k_tiles_per_split,  # a multiple of K_UNROLL; grid (cdiv(N, BLOCK_N), SPLIT, cdiv(M, BLOCK_M))
+    k_tiles_per_split,  # a multiple of K_UNROLL; grid (sum of the groups' cdiv(N_g, BLOCK_N), SPLIT, cdiv(M, BLOCK_M))
+    # Groups 1 and 2 (GROUPS > 1): their own weights / scales, N and strides; the output is [M, N + N1 + N2].
+    b1_ptr, bs1_ptr, N1, stride_bn1, stride_bsn1, stride_bsk1,
+    b2_ptr, bs2_ptr, N2, stride_bn2, stride_bsn2, stride_bsk2,
     GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,  # activation rows (the MMA's N operand: >= 16 unless FMA)
     BLOCK_N: tl.constexpr,  # weight rows (the MMA's M operand)
     BLOCK_K: tl.constexpr,  # the promotion step: one K tile, one scale pair
     K_UNROLL: tl.constexpr,
     MODE: tl.constexpr,  # 0: write out (SPLIT 1); 1: write partials; 2: partials, the last program sums them
+    GROUPS: tl.constexpr,  # GEMMs sharing the activation in this launch (1, 2 or 3)
     FMA: tl.constexpr, QUANT_A: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GROUPS == 1:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_out = N
+    else:
+        # Each group's N is padded to whole tiles, so a tile belongs to one group; from here on b_ptr, bs_ptr,
+        # N and the strides are the tile's group's, offs_n its rows in that group, cols its output columns.
+        n_out = N + N1 + N2
+        b_ptr, bs_ptr, N, stride_bn, stride_bsn, stride_bsk, col0, tile0 = _group_of(
+            pid_n, b_ptr, bs_ptr, N, stride_bn, stride_bsn, stride_bsk,
+            b1_ptr, bs1_ptr, N1, stride_bn1, stride_bsn1, stride_bsk1,
+            b2_ptr, bs2_ptr, N2, stride_bn2, stride_bsn2, stride_bsk2, GROUPS, BLOCK_N)  # fmt: skip
+        offs_n = (pid_n - tile0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     # Out-of-range rows / columns wrap onto valid ones, so loads need no mask; stores mask them.
@@ -185,13 +220,17 @@ def _small_m_kernel(
         w_ptrs += K_UNROLL * BLOCK_K
         x_ptrs += K_UNROLL * BLOCK_K
 
-    c_ptrs = c_ptr + offs_m.to(tl.int64)[None, :] * stride_cm + offs_n[:, None]
+    if GROUPS == 1:
+        cols = offs_n
+    else:
+        cols = col0 + offs_n
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[None, :] * stride_cm + cols[:, None]
     mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
     if MODE == 0:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
     else:
-        mn = M.to(tl.int64) * N
-        p_ptrs = p_ptr + offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
+        mn = M.to(tl.int64) * n_out  # partials span the concatenated output
+        p_ptrs = p_ptr + offs_m.to(tl.int64)[None, :] * n_out + cols[:, None]
         tl.store(p_ptrs + pid_s * mn, acc, mask=mask)
         if MODE == 2:
             tl.debug_barrier()  # every thread's partial is stored before the ticket releases them
@@ -300,32 +339,44 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return buf
 
 
-def _launch(a, a_scale, w_q, w_scale, out_dtype, group_k: int, cfg: SmallMConfig | None, quant_a: bool):
+MAX_GROUPS = 3  # GEMMs one launch can hold (q / k / v); the kernel has argument slots for three
+
+
+def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConfig | None, quant_a: bool):
+    """One launch (two with the "kernel" split-K sum) for ``cat([a @ w^T for w in w_qs], -1)``."""
     m, k = a.shape
-    n = w_q.shape[0]
+    n = sum(w.shape[0] for w in w_qs)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    # Empty groups add no columns: dropping them keeps every other group's column offset.
+    groups = [(w, s) for w, s in zip(w_qs, w_scales) if w.shape[0]]
     if m == 0 or n == 0:
         return out
+    if len(groups) > MAX_GROUPS:
+        raise ValueError(f"small-M GEMM: at most {MAX_GROUPS} weights per launch, got {len(groups)}")
     block_k = promotion_block(group_k)
     cfg = cfg or default_small_m_config(n, k, block_k, _arch.arch_of(a.device))
     if cfg.fma and m > FMA_MAX_M:
         raise ValueError(f"small-M GEMV (fma) takes M <= {FMA_MAX_M}, got M={m}")
     split, per_split, unroll = split_plan(k // block_k, cfg.split_k, cfg.k_unroll)
     block_m = small_m_block_m(m, cfg.fma)
-    grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, block_m))
+    grid = (sum(triton.cdiv(w.shape[0], cfg.block_n) for w, _ in groups), split, triton.cdiv(m, block_m))
     mode = 0 if split == 1 else 2 if cfg.reduce == "last" else 1
     counters = tile_counters(a.device, grid[0] * grid[2]) if mode == 2 else None
     if mode == 2 and counters is None:
         mode = 1
     partials = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if mode else out
     xs, xs_strides = (out, (0, 0)) if quant_a else (a_scale, a_scale.stride())  # QUANT_A: no scale tensor
+    # Each group's (weight, scales, N, strides); an unused slot has group 0's tensors (never read) and N = 0 (the
+    # kernel's output width is N + N1 + N2).
+    slots = [(w, s, w.shape[0], w.stride(0), *s.stride()) for w, s in groups]
+    slots += [(slots[0][0], slots[0][1], 0, *slots[0][3:])] * (MAX_GROUPS - len(slots))
     _small_m_kernel[grid](
-        a, w_q, out, partials, out if counters is None else counters, xs, w_scale,
-        m, n, k,
-        a.stride(0), w_q.stride(0), out.stride(0), *xs_strides, *w_scale.stride(),
-        per_split,
+        a, slots[0][0], out, partials, out if counters is None else counters, xs, slots[0][1],
+        m, slots[0][2], k,
+        a.stride(0), slots[0][3], out.stride(0), *xs_strides, *slots[0][4:],
+        per_split, *slots[1], *slots[2],
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        K_UNROLL=unroll, MODE=mode, FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
+        K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
         num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     if mode == 1:
@@ -336,7 +387,7 @@ def _launch(a, a_scale, w_q, w_scale, out_dtype, group_k: int, cfg: SmallMConfig
 
 def small_m_mm(q, x_scale, w_q, w_scale, out_dtype, config: SmallMConfig | None = None) -> torch.Tensor:
     """Swap-AB split-K GEMM for decode-sized M (block scales; inputs validated by ``checks.py``)."""
-    return _launch(q, x_scale, w_q, w_scale, out_dtype, q.shape[1] // x_scale.shape[1], config, quant_a=False)
+    return _launch(q, x_scale, [w_q], [w_scale], out_dtype, q.shape[1] // x_scale.shape[1], config, quant_a=False)
 
 
 def small_m_mm_bf16(x, w_q, w_scale, out_dtype, group_size: int = 128, config: SmallMConfig | None = None):
@@ -347,4 +398,12 @@ def small_m_mm_bf16(x, w_q, w_scale, out_dtype, group_size: int = 128, config: S
         raise ValueError(f"x must be a K-contiguous bf16 / fp16 / fp32 [M, K] tensor, got {x.dtype} {x.stride()}")
     if group_size not in (32, 64, 128) or k % group_size or w_q.shape[1] != k:
         raise ValueError(f"group {group_size} must be 32, 64 or 128 and divide K={k} (= w_q's K {w_q.shape[1]})")
-    return _launch(x, None, w_q, w_scale, out_dtype, group_size, config, quant_a=True)
+    return _launch(x, None, [w_q], [w_scale], out_dtype, group_size, config, quant_a=True)
+
+
+def small_m_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype, config: SmallMConfig | None = None) -> torch.Tensor:
+    """``cat([small_m_mm(q, x_scale, w, s) for w, s in zip(w_qs, w_scales)], -1)`` in one launch (up to
+    ``MAX_GROUPS`` weights of one K, each read in place: no merged weight copy). ``config`` is the merged
+    shape's (N = sum of the N_i); each group's N is padded to whole ``block_n`` tiles."""
+    return _launch(q, x_scale, list(w_qs), list(w_scales), out_dtype, q.shape[1] // x_scale.shape[1], config,
+                   quant_a=False)  # fmt: skip
