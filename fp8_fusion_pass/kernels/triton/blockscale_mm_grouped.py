@@ -1,0 +1,55 @@
+"""``blockscale_mm_grouped`` on the Triton backend: GEMMs that share one quantized activation (HF's separate q /
+k / v or gate / up projections) in one small-M launch, each reading its own weight (no merged weight copy).
+
+At decode each of those GEMMs is one or two launches of a few microseconds, much of it a fixed ramp and tail
+(``_small_m_kernels.py``); one launch over the concatenated N tiles pays that once and has the merged shape's
+parallelism. It is used where ``blockscale_mm`` would run the merged shape (N = sum of the N_i) on the small-M
+path, with that plan's config (the merged rows of ``blockscale_mm.TABLE``: Qwen3-8B qkv 6144 x 4096, gate_up
+24576 x 4096). Anything else is ``torch.cat`` of per-weight ``blockscale_mm`` calls: the same values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import arch as _arch
+from .. import checks
+from . import blockscale_mm as _bm
+from ._small_m_kernels import MAX_GROUPS, small_m_mm_grouped
+
+OP = "blockscale_mm_grouped"
+
+
+def _check(q, x_scale, w_qs, w_scales, out_dtype) -> None:
+    if not isinstance(w_qs, (list, tuple)) or not isinstance(w_scales, (list, tuple)):
+        raise TypeError(f"{OP}: w_qs and w_scales must be lists of tensors, got {type(w_qs).__name__}, "
+                        f"{type(w_scales).__name__}")  # fmt: skip
+    if not w_qs or len(w_qs) != len(w_scales):
+        raise ValueError(f"{OP}: w_qs and w_scales must be non-empty and of one length, got {len(w_qs)} and "
+                         f"{len(w_scales)}")  # fmt: skip
+    # Each weight against q: one K and one fp8 dtype for all of them follow.
+    for i, (w, ws) in enumerate(zip(w_qs, w_scales)):
+        checks.blockscale_mm_args(f"{OP} (weight {i})", q, x_scale, w, ws, out_dtype)
+
+
+def grouped_choice(q, x_scale, w_qs, out_dtype) -> _bm.Choice | None:
+    """The merged shape's small-M plan when one grouped launch can run it, else None (per-weight GEMMs)."""
+    if not 2 <= len(w_qs) <= MAX_GROUPS:
+        return None
+    m, k = q.shape
+    n, group = sum(w.shape[0] for w in w_qs), k // x_scale.shape[1]
+    a = _arch.arch_of(q.device)
+    if _bm.unsupported("small_m", a, q.device.type, q.dtype, n, k, group, out_dtype) is not None:
+        return None
+    choice = _bm.plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
+    return choice if choice.path == "small_m" else None
+
+
+def blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype: torch.dtype) -> torch.Tensor:
+    """``y [M, sum N_i] = cat([blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)],
+    -1)`` (fp32 accumulation, per-128-K promotion; not bitwise the separate launches' when the config differs)."""
+    _check(q, x_scale, w_qs, w_scales, out_dtype)
+    choice = grouped_choice(q, x_scale, w_qs, out_dtype)
+    if choice is None:
+        return torch.cat([_bm.blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)], -1)
+    return small_m_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype, choice.config)
