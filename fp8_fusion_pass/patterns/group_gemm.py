@@ -16,6 +16,10 @@ them in one launch with the measured config of the merged shape. Estimated from 
 per Qwen3-8B layer at batch 1; the end-to-end effect has not been measured: ``FusionConfig(group_gemm=True)``,
 ``benchmarks/decode.py --group-gemms``.
 
+HF's silu-mul fusion concatenates the separate gate and up outputs (``cat`` -> ``silu_mul_group_quant``); once
+they are slices of one grouped output, in order, that concat is the grouped output itself and is folded away
+(``fold_concats``), which saves a copy kernel per layer.
+
 Runs after the fusions and the "why not" scan (which read each quant's GEMM consumers). Groups hold 2 or 3
 GEMMs (more are split into groups of 3) with the same out dtype and static N. Not bit-exact: the grouped launch
 may split K differently from the separate ones (deterministic mode keeps it off).
@@ -77,7 +81,51 @@ def rewrite(graph: Graph, gemms: list[Node]) -> str:
     for gemm, part in zip(gemms, parts):
         gemm.replace_all_uses_with(part)
     _graph.erase_dead(graph, gemms)
-    return f"{len(gemms)} GEMMs of {q.name}: N = {' + '.join(map(str, sizes))}"
+    detail = f"{len(gemms)} GEMMs of {q.name}: N = {' + '.join(map(str, sizes))}"
+    folded = fold_concats(graph, y, sum(sizes))
+    return detail + (f"; {folded} concat(s) of its slices folded" if folded else "")
+
+
+def _piece(node: Node, y: Node):
+    """(start, end, leading shape) of ``node`` = [reshape of] ``slice(y, 1, start, end)``; None otherwise."""
+    shape = None
+    if node.op == "call_function" and node.target in _graph.RESHAPES:
+        shape, node = list(node.args[1]), node.args[0]
+    if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor or node.args[0] is not y:
+        return None
+    if node.args[1] != 1 or len(node.args) < 4 or not all(isinstance(a, int) for a in node.args[2:4]):
+        return None
+    start, end = node.args[2], node.args[3]
+    if shape is not None and shape[-1] != end - start:
+        return None  # the reshape changes the last dim
+    return start, end, None if shape is None else tuple(shape[:-1])
+
+
+def fold_concats(graph: Graph, y: Node, n_total: int) -> int:
+    """``cat([slice(y, a, b) ...], -1)`` that puts the slices back in order over all of y's N is y itself (or a
+    reshape of it): the HF silu-mul fusion concatenates gate and up, which the grouped GEMM just produced side by
+    side. Replacing the cat saves its copy kernel; the value is bit-identical. Returns the number folded."""
+    users = {u for part in y.users for u in part.users} | set(y.users)
+    cats = {c for u in users for c in [u, *u.users] if c.op == "call_function" and c.target is torch.ops.aten.cat.default}
+    folded = 0
+    for cat in sorted(cats):
+        inputs, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
+        out = _graph.val(cat)
+        if not isinstance(out, torch.Tensor) or dim not in (-1, out.dim() - 1):
+            continue
+        pieces = [_piece(a, y) for a in inputs]
+        if any(p is None for p in pieces) or len({p[2] for p in pieces}) != 1:
+            continue
+        bounds = [(p[0], p[1]) for p in pieces]
+        if bounds[0][0] != 0 or bounds[-1][1] != n_total or any(a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
+            continue
+        lead = pieces[0][2]
+        with _graph.Edit(graph, before=cat) as e:
+            whole = y if lead is None else e.call(torch.ops.aten.reshape.default, y, [*lead, n_total])
+        cat.replace_all_uses_with(whole)
+        _graph.erase_dead(graph, [cat, *inputs])
+        folded += 1
+    return folded
 
 
 class _NotBefore(ValueError):

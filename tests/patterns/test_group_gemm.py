@@ -39,7 +39,12 @@ def test_hf_projections_of_one_input_are_grouped(hf_graph):
     assert count(gm, ops.blockscale_mm.default) == 2 * LAYERS
     # the fusions before it are unchanged
     assert (c["norm_quant"], c["add_norm_quant"], c["silu_quant"]) == (1, 2 * LAYERS - 1, LAYERS)
-    details = sorted({d.detail.split(": ")[1] for d in r.applied if d.pattern == "group_gemm"})
+    # the silu fusion's [gate | up] concat of the two GEMM outputs is the grouped output itself: folded
+    _, plain = run_pass(hf_graph)
+    assert count(gm, torch.ops.aten.cat.default) == count(plain, torch.ops.aten.cat.default) - LAYERS
+    folded = [d for d in r.applied if d.pattern == "group_gemm" and "concat(s) of its slices folded" in d.detail]
+    assert len(folded) == LAYERS
+    details = sorted({d.detail.split(": ")[1].split(";")[0] for d in r.applied if d.pattern == "group_gemm"})
     cfg = build_model("qwen3-tiny", form="hf", layers=1).config
     head = cfg.head_dim
     qkv = f"N = {cfg.num_attention_heads * head} + {cfg.num_key_value_heads * head} + {cfg.num_key_value_heads * head}"
@@ -92,3 +97,27 @@ def test_grouped_op_checks_its_inputs():
                                   torch.bfloat16)
     y = ops.blockscale_mm_grouped(q, s, [w, w[:64]], [ws, ws], torch.bfloat16)
     assert y.shape == (2, 192)
+
+
+@pytest.mark.parametrize("order, folds", [((0, 4, 8), True), ((4, 8, 0), False), ((0, 4, 6), False)])
+def test_only_an_in_order_concat_of_all_slices_folds(order, folds):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fp8_fusion_pass.patterns import group_gemm
+
+    a, b, c = order
+    end = {0: 4, 4: 8, 8: 12}
+
+    def f(y):
+        parts = [y[:, a:end[a]], y[:, b:end[b]]] + ([y[:, c:end[c]]] if c != 6 else [y[:, 8:10]])
+        return torch.cat([p.reshape(2, 3, -1) for p in parts], -1)
+
+    y = torch.randn(6, 12)
+    gm = make_fx(f)(y)
+    want = f(y)
+    (y_node,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert group_gemm.fold_concats(gm.graph, y_node, 12) == int(folds)
+    gm.graph.lint()
+    gm.recompile()
+    assert torch.equal(gm(y), want)
+    assert (count(gm, torch.ops.aten.cat.default) == 0) == folds
