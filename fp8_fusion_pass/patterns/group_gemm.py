@@ -21,7 +21,8 @@ they are slices of one grouped output, in order, that concat is the grouped outp
 (``fold_concats``), which saves a copy kernel per layer.
 
 Runs after the fusions and the "why not" scan (which read each quant's GEMM consumers). Groups hold 2 or 3
-GEMMs (more are split into groups of 3) with the same out dtype and static N. Not bit-exact: the grouped launch
+GEMMs (more are split into groups of 3) with the same out dtype and static N; a graph whose M is static and above
+the small-M range keeps its GEMMs separate (a note says so). Not bit-exact: the grouped launch
 may split K differently from the separate ones (deterministic mode keeps it off).
 """
 
@@ -132,10 +133,26 @@ class _NotBefore(ValueError):
     pass
 
 
+# The grouped launch is a small-M kernel (kernels/triton/blockscale_mm.SMALL_M_MAX); above this many rows the op
+# concatenates separate GEMMs, one extra copy for nothing, so a graph whose M is known to be larger keeps them.
+SMALL_M_MAX = 64
+
+
+def _rows_above_small_m(q: Node) -> int | None:
+    v = _graph.val(q)
+    m = v.shape[0] if isinstance(v, torch.Tensor) else None
+    return m if isinstance(m, int) and m > SMALL_M_MAX else None
+
+
 def run(graph: Graph, report) -> None:
     for gemms in groups(graph):
         q = gemms[0].args[0]
         shapes, dtype = _graph.shape_str(q=q), _graph.dtype_str(gemms[0])
+        m = _rows_above_small_m(q)
+        if m is not None:
+            report.notes.append(f"group_gemm: {gemms[0].name} left separate: M={m} is above the grouped "
+                                f"kernel's {SMALL_M_MAX} rows")
+            continue
         try:
             detail = rewrite(graph, gemms)
         except _NotBefore as e:

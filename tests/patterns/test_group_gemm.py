@@ -121,3 +121,15 @@ def test_only_an_in_order_concat_of_all_slices_folds(order, folds):
     gm.recompile()
     assert torch.equal(gm(y), want)
     assert (count(gm, torch.ops.aten.cat.default) == 0) == folds
+
+
+def test_static_prefill_graphs_keep_separate_gemms():
+    from fp8_fusion_pass.kernels.triton import blockscale_mm
+    from fp8_fusion_pass.patterns import group_gemm
+
+    assert group_gemm.SMALL_M_MAX == blockscale_mm.SMALL_M_MAX
+    m = build_model("qwen3-tiny", form="hf", layers=1)
+    (gm,) = capture(m, *example_inputs(m, 1, 65))  # 65 rows: above the small-M range
+    r, out = run_pass(gm, GROUP)
+    assert "group_gemm" not in r.counts() and count(out, ops.blockscale_mm_grouped.default) == 0
+    assert any("M=65 is above" in n for n in r.notes)
