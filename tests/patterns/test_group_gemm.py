@@ -133,3 +133,27 @@ def test_static_prefill_graphs_keep_separate_gemms():
     r, out = run_pass(gm, GROUP)
     assert "group_gemm" not in r.counts() and count(out, ops.blockscale_mm_grouped.default) == 0
     assert any("M=65 is above" in n for n in r.notes)
+
+
+def test_compiled_model_runs_the_grouped_triton_kernel(monkeypatch):
+    # The Triton backend (on the CPU: the interpreter) runs each group as one small-M launch inside the compiled
+    # model; at these sizes (K = 256: split-K 1 for every shape) it is bitwise the separate GEMMs.
+    from fp8_fusion_pass.kernels import backends
+    from fp8_fusion_pass.kernels.triton import _small_m_kernels, blockscale_mm_grouped
+
+    launches = []
+    real = blockscale_mm_grouped.small_m_mm_grouped
+    monkeypatch.setattr(blockscale_mm_grouped, "small_m_mm_grouped",
+                        lambda *a, **k: launches.append(len(a[2])) or real(*a, **k))
+    assert _small_m_kernels.MAX_GROUPS == 3
+    m = build_model("qwen3-tiny", form="hf", layers=1)
+    inputs = example_inputs(m, 1, 1)
+    outs = {}
+    with torch.no_grad(), backends.use_backend("triton"):
+        for config in (FusionConfig(), GROUP):
+            torch._dynamo.reset()
+            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
+            outs[config.group_gemm] = torch.compile(m, options=opts)(*inputs).logits
+    torch._dynamo.reset()
+    assert sorted(launches) == [2, 3]  # gate/up and q/k/v, one launch each
+    assert torch.equal(outs[True], outs[False])
