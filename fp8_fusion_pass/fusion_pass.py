@@ -172,8 +172,10 @@ class _Run:
             self.report.notes.append("not an inference graph (it needs gradients): left alone")
         else:
             for name, stage in (("dedup_quant", self._dedup), ("fusions", self._fuse),
-                                ("why-not scan", self._explain), ("inline_norm", self._inline_norms),
-                                ("group_gemm", self._group_gemms), ("zero_fill", self._zero_fill)):
+                                ("why-not scan", self._explain),
+                                ("inline_norm", functools.partial(self._whole_graph_rewrite, "inline_norm")),
+                                ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
+                                ("zero_fill", self._zero_fill)):
                 try:
                     stage()
                 except Exception as e:  # noqa: BLE001 - e.g. a pattern that fails to trace on this torch
@@ -219,32 +221,17 @@ class _Run:
     def _explain(self) -> None:
         _candidates.explain(self.graph, self.explained, self._record)
 
-    def _group_gemms(self) -> None:
-        fusion = BY_NAME["group_gemm"]
-        gate = guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
-                                     self.deterministic)
-        if not gate.ok:
+    def _whole_graph_rewrite(self, name: str) -> None:
+        """An opt-in rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): inline_norm,
+        group_gemm. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
+        fusion = BY_NAME[name]
+        if not guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
+                                     self.deterministic).ok:
             return
-        from .patterns import group_gemm
-
         try:
             _maybe_fail("replacement", fusion.name)
-            group_gemm.run(self.graph, self.report)
-        except Exception as e:  # noqa: BLE001 - failure isolation (each group is rewritten whole or not at all)
-            self._fail(fusion, None, "replacement", e)
-
-    def _inline_norms(self) -> None:
-        fusion = BY_NAME["inline_norm"]
-        gate = guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
-                                     self.deterministic)
-        if not gate.ok:
-            return
-        from .patterns import inline_norm
-
-        try:
-            _maybe_fail("replacement", fusion.name)
-            inline_norm.run(self.graph, self.report)
-        except Exception as e:  # noqa: BLE001 - failure isolation (a half-inlined norm is still a valid graph)
+            importlib.import_module(f"{__package__}.patterns.{fusion.module}").run(self.graph, self.report)
+        except Exception as e:  # noqa: BLE001 - failure isolation
             self._fail(fusion, None, "replacement", e)
 
     def _zero_fill(self) -> None:

@@ -107,7 +107,7 @@ class Attention(nn.Module):
         at = positions.unsqueeze(1)  # [B, 1, S]
         k_cache.index_put_((rows, heads, at), k)
         v_cache.index_put_((rows, heads, at), v)
-        return decode_attention(q, k_cache, v_cache, positions, self.scaling, DECODE_ATTENTION)
+        return decode_attention(q, k_cache, v_cache, positions, self.scaling)
 
 
 # How a step with a KV cache attends (``decode_attention``'s ``impl``). ``benchmarks/attention_decode.py`` on the
@@ -120,9 +120,11 @@ DECODE_ATTENTION_IMPLS = ("sdpa_mask", "sdpa_efficient", "math", "flex")
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
-                     scale: float, impl: str = "sdpa_mask") -> torch.Tensor:
+                     scale: float, impl: str | None = None) -> torch.Tensor:
     """``q [B, H, S, D]`` attends over the whole static cache ``[B, Hkv, T, D]`` where key_pos <= positions
-    ``[B, S]``. All formulations compute the same softmax attention (fp32 softmax); they differ in kernels."""
+    ``[B, S]``. All formulations compute the same softmax attention (fp32 softmax); they differ in kernels.
+    ``impl`` None: ``DECODE_ATTENTION``."""
+    impl = impl or DECODE_ATTENTION
     if impl not in DECODE_ATTENTION_IMPLS:
         raise ValueError(f"decode attention impl must be one of {DECODE_ATTENTION_IMPLS}, got {impl!r}")
     b, h, s, d = q.shape

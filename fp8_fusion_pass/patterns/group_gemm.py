@@ -107,7 +107,8 @@ def fold_concats(graph: Graph, y: Node, n_total: int) -> int:
     reshape of it): the HF silu-mul fusion concatenates gate and up, which the grouped GEMM just produced side by
     side. Replacing the cat saves its copy kernel; the value is bit-identical. Returns the number folded."""
     users = {u for part in y.users for u in part.users} | set(y.users)
-    cats = {c for u in users for c in [u, *u.users] if c.op == "call_function" and c.target is torch.ops.aten.cat.default}
+    cats = {c for u in users for c in [u, *u.users]
+            if c.op == "call_function" and c.target is torch.ops.aten.cat.default}
     folded = 0
     for cat in sorted(cats):
         inputs, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0

@@ -157,3 +157,14 @@ def test_compiled_model_runs_the_grouped_triton_kernel(monkeypatch):
     torch._dynamo.reset()
     assert sorted(launches) == [2, 3]  # gate/up and q/k/v, one launch each
     assert torch.equal(outs[True], outs[False])
+
+
+@pytest.mark.parametrize("name", ["group_gemm", "inline_norm"])
+def test_a_failing_opt_in_rewrite_is_recorded_and_leaves_the_graph(hf_graph, name):
+    from fp8_fusion_pass.fusion_pass import inject_failure
+
+    config = FusionConfig(group_gemm=True, inline_norm=True)
+    with inject_failure("replacement", name):
+        r, gm = run_pass(hf_graph, config)
+    assert [e.pattern for e in r.errors] == [name] and name not in r.counts()
+    assert r.counts()["silu_quant"] == LAYERS  # the other rewrites still ran

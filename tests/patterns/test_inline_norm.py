@@ -42,6 +42,22 @@ def test_leftover_norms_become_aten_ops(engine_graph):
     assert not r.errors and not r.notes
 
 
+def test_inlined_ops_are_the_reference_formula_when_run_eagerly():
+    # The aten ops inline_norm writes are reference.rms_norm's, in its order: run eagerly (no Inductor), the
+    # rewritten graph is bit-identical to the op graph. (Compiled, Inductor may skip a rounding: next test.)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = torch.Generator().manual_seed(1)
+    x, r = (torch.randn(5, 3, 256, generator=g).bfloat16() for _ in range(2))
+    w = (torch.rand(256, generator=g) + 0.5).bfloat16()
+    gm = make_fx(_norms, tracing_mode="fake")(x, r, w)
+    want = gm(x, r, w)
+    rep, out = run_pass(gm, INLINE)
+    assert rep.counts()["inline_norm"] == 2 and count(out, ops.rms_norm.default) == 0
+    for got, exp in zip(out(x, r, w), want):
+        assert torch.equal(got, exp)
+
+
 def test_hf_form_has_no_norm_ops_to_inline():
     m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
     (gm,) = capture(m, *example_inputs(m, 2, 5))
