@@ -16,6 +16,10 @@ median of several rounds. HF ``generate()`` with a static cache under ``reduce-o
 benchmark owns its decode loop. The KV cache is static (engine ``KVCache`` / HF ``StaticCache``) and pre-filled with
 random values up to ``--context`` tokens, so every step attends over the same length.
 
+Accuracy: each block-FP8 variant's logits against the same model run eagerly (``torch.compiler.set_stance
+("force_eager")``, same weights and KV cache), and pass against no pass. Random weights through 36 layers amplify
+any rounding difference, so compare the pass's error against eager with the no-pass compile's, not with zero.
+
 Roofline per step: bytes of every weight read once (fp8 linears + their scales + bf16 embeddings row, norms and
 lm_head) plus the KV cache read, over the copy bandwidth measured in the same run.
 """
@@ -37,7 +41,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import copy_bandwidth  # noqa: E402
 
 from fp8_fusion_pass import report  # noqa: E402
-from fp8_fusion_pass.config import FusionConfig  # noqa: E402
+from fp8_fusion_pass.config import FUSIONS, FusionConfig  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
 from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
@@ -54,8 +58,17 @@ def compile_step(fn, with_pass: bool):
     return torch.compile(fn, options=options, dynamic=False)
 
 
-# The pass's config for every "+pass" variant (``--inline-norms`` / ``--group-gemms`` add the opt-in rewrites).
+# The pass's config for every "+pass" variant (``--without`` switches rewrites off).
 PASS_CONFIG = FusionConfig()
+
+
+def pass_config(without: str) -> FusionConfig:
+    """The default config with the comma-separated rewrites of ``--without`` switched off."""
+    off = [n.strip() for n in without.split(",") if n.strip()]
+    unknown = [n for n in off if n not in FUSIONS]
+    if unknown:
+        raise SystemExit(f"--without: unknown rewrite(s) {', '.join(unknown)}; known: {', '.join(FUSIONS)}")
+    return FusionConfig(**{n: False for n in off})
 
 
 def pass_options(with_pass: bool) -> dict:
@@ -218,7 +231,11 @@ def time_decode(runner, with_pass: bool, steps: int, mode: str) -> tuple[float, 
     return time_steps(compile_step(runner.step_fn(), with_pass), runner.args(), steps)
 
 
-def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logits):
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return (x - ref).norm().item() / ref.norm().item()
+
+
+def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logits, eager_logits):
     label = f"{scheme}{'+pass' if with_pass else ''}"
     log(f"{preset} {form} {label}: building")
     torch.manual_seed(0)
@@ -231,18 +248,22 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
     for batch in args.batches:
         t0 = time.monotonic()
         runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context)
+        key = (preset, form, batch)
+        if scheme == "block" and key not in eager_logits:
+            with torch.compiler.set_stance("force_eager"):
+                eager_logits[key] = runner.step_fn()(*runner.args()).detach().float().clone()
         ms, logits = time_decode(runner, with_pass, args.steps, args.compile)
         log(f"{preset} {form} {label} batch {batch}: {ms:.3f} ms/step ({time.monotonic() - t0:.0f} s with compile)")
         roof_ms = (wbytes + runner.kv_bytes()) / bw * 1e3
-        key = (preset, form, batch)
-        err = ""
+        err = err_eager = ""
         if scheme == "block":
+            err_eager = f"{rel_err(logits, eager_logits[key]):.2e}"
             if key in reference_logits:
-                ref = reference_logits[key]
-                err = f"{(logits - ref).norm().item() / ref.norm().item():.2e}"
+                err = f"{rel_err(logits, reference_logits[key]):.2e}"
             else:
                 reference_logits[key] = logits
-        rows.append(dict(preset=preset, form=form, variant=label, batch=batch, ms=ms, roofline_ms=roof_ms, err=err))
+        rows.append(dict(preset=preset, form=form, variant=label, batch=batch, ms=ms, roofline_ms=roof_ms, err=err,
+                         err_eager=err_eager))
         del runner
         if args.compile == "full":
             torch._dynamo.reset()
@@ -253,7 +274,7 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
         log(f"{preset} {form} {label}: prefill {args.prefill}")
         prefill_ms = bench_prefill(model, form, with_pass, args.prefill, max(3, args.steps // 5), args.compile)
     rows.append(dict(preset=preset, form=form, variant=label, batch=f"prefill {args.prefill}", ms=prefill_ms,
-                     roofline_ms=None, err="", fused=fused))
+                     roofline_ms=None, err="", err_eager="", fused=fused))
     del model
     torch._dynamo.reset()
     gc.collect()
@@ -272,17 +293,15 @@ def main(argv=None) -> int:
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
-    p.add_argument("--inline-norms", action="store_true",
-                   help="the pass also inlines leftover norm ops for Inductor (FusionConfig(inline_norm=True))")
-    p.add_argument("--group-gemms", action="store_true",
-                   help="the pass also groups GEMMs of one activation (FusionConfig(group_gemm=True))")
+    p.add_argument("--without", default="",
+                   help="rewrites the +pass variant runs without, e.g. inline_norm,group_gemm (FusionConfig names)")
     p.add_argument("--compile", choices=("regional", "full"), default="regional",
                    help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
                         "full: one torch.compile of the step with cudagraph trees")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
     global PASS_CONFIG
-    PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms, group_gemm=args.group_gemms)
+    PASS_CONFIG = pass_config(args.without)
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)
     bw = copy_bandwidth()
@@ -292,10 +311,9 @@ def main(argv=None) -> int:
         get_preset(preset)
         for form in args.forms.split(","):
             reference_logits: dict = {}
-            run_variant(preset, form, "block", False, args, bw, rows, reference_logits)
-            run_variant(preset, form, "block", True, args, bw, rows, reference_logits)
-            if not args.no_bf16:
-                run_variant(preset, form, "bf16", False, args, bw, rows, reference_logits)
+            eager_logits: dict = {}
+            for scheme, with_pass in (("block", False), ("block", True)) + (() if args.no_bf16 else (("bf16", False),)):
+                run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logits, eager_logits)
     print_table(rows)
     return 0
 
@@ -320,9 +338,12 @@ def print_table(rows: list[dict]) -> None:
             f"{bf16['ms'] / ms:.2f}x" if bf16 and bf16["ms"] and ms else "-",
             f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "-",
             r.get("err", ""),
+            base.get("err_eager", "") if base else "",
+            r.get("err_eager", ""),
         ])
     print(tabulate(table, headers=["preset", "form", "batch", "fp8 ms", "fp8+pass ms", "pass speed-up",
-                                   "bf16 ms", "vs bf16", "roofline ms", "logits rel err"]))
+                                   "bf16 ms", "vs bf16", "roofline ms", "pass vs no pass", "fp8 vs eager",
+                                   "fp8+pass vs eager"]))
     for r in rows:
         if r.get("fused"):
             print(f"fused ({r['preset']} {r['form']}): {r['fused']}")

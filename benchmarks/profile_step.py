@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import decode  # noqa: E402
 from decode import EngineRunner, HFRunner, capture, compile_regions, log, time_replays  # noqa: E402
 
-from fp8_fusion_pass.config import FusionConfig  # noqa: E402
 
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
 
@@ -95,11 +94,10 @@ def main(argv=None) -> int:
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--variants", default="block,block+pass,bf16")
-    p.add_argument("--inline-norms", action="store_true", help="as decode.py --inline-norms")
-    p.add_argument("--group-gemms", action="store_true", help="as decode.py --group-gemms")
+    p.add_argument("--without", default="", help="as decode.py --without")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
-    decode.PASS_CONFIG = FusionConfig(inline_norm=args.inline_norms, group_gemm=args.group_gemms)
+    decode.PASS_CONFIG = decode.pass_config(args.without)
     torch.set_grad_enabled(False)
     summary = []
     for form in args.forms.split(","):

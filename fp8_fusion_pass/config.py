@@ -22,11 +22,11 @@ class FusionConfig:
     dedup_quant: bool = True  # identical group_quant(x) calls collapse to one
     zero_fill: bool = True  # zeros(1) scale buffers of ops that overwrite them  =>  empty(1)
     # rms_norm / add_rms_norm ops left after the fusions  =>  their aten ops, for Inductor to fuse with neighbours.
-    # Off by default: not yet measured on a GPU (patterns/inline_norm.py).
-    inline_norm: bool = False
+    # Not bit-exact (deterministic mode keeps it off); measured on the H200 (patterns/inline_norm.py).
+    inline_norm: bool = True
     # blockscale_mms of one quantized activation (HF q/k/v, gate/up)  =>  one blockscale_mm_grouped.
-    # Off by default: not yet measured on a GPU (patterns/group_gemm.py).
-    group_gemm: bool = False
+    # Not bit-exact (deterministic mode keeps it off); measured on the H200 (patterns/group_gemm.py).
+    group_gemm: bool = True
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)
     # Honour FP8_FUSION_DISABLE from the environment at compile time.

@@ -222,7 +222,7 @@ class _Run:
         _candidates.explain(self.graph, self.explained, self._record)
 
     def _whole_graph_rewrite(self, name: str) -> None:
-        """An opt-in rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): inline_norm,
+        """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): inline_norm,
         group_gemm. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,

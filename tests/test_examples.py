@@ -31,8 +31,8 @@ TIMEOUT_S = 300  # one example; 52 s the slowest measured on the loaded box
 # A tiny 2-layer Qwen3 (HF form): 2L norm sites (layer 0's input norm plain, 2L-1 after a residual add), L silu
 # sites, q/k/v and gate/up each collapse to one quant (2 + 1 dropped quants per layer); rejected: q_norm and
 # k_norm of each layer and the final norm feed no quant (5), the attention output feeding o_proj (2).
-HF_QWEN3_2L = {"norm_quant": 1, "add_norm_quant": 3, "silu_quant": 2, "dedup_quant": 6, "fills_stripped": 0,
-               "fills_kept": 0, "rejected": 7, "errors": 0}
+HF_QWEN3_2L = {"norm_quant": 1, "add_norm_quant": 3, "silu_quant": 2, "dedup_quant": 6, "group_gemm": 4,
+               "fills_stripped": 0, "fills_kept": 0, "rejected": 7, "errors": 0}
 
 
 def run_example(name: str, *args: str) -> str:
@@ -80,8 +80,8 @@ def test_compile_hf_qwen3():
 def test_decorator():
     out = run_example("decorator.py")
     assert dicts_after("decorated class fused counts:", out) == [
-        {"add_norm_quant": 1, "dedup_quant": 1, "norm_quant": 1, "silu_quant": 1, "fills_stripped": 0,
-         "fills_kept": 0, "rejected": 0, "errors": 0}]
+        {"add_norm_quant": 1, "dedup_quant": 1, "group_gemm": 1, "norm_quant": 1, "silu_quant": 1,
+         "fills_stripped": 0, "fills_kept": 0, "rejected": 0, "errors": 0}]
     assert dicts_after("instance fused counts:", out) == [
         {"norm_quant": 1, "fills_stripped": 0, "fills_kept": 0, "rejected": 0, "errors": 0}]
     check_errors_small(out, 2)
@@ -101,10 +101,11 @@ def test_pass_only():
 
 def test_engine_model():
     out = run_example("engine_model.py")
-    # merged qkv / gate_up: one quant per norm output already, so nothing to dedup
-    assert dicts_after("fused counts:", out) == [{"add_norm_quant": 3, "norm_quant": 1, "silu_quant": 2,
-                                                  "fills_stripped": 0, "fills_kept": 0, "rejected": 7,
-                                                  "errors": 0}]
+    # merged qkv / gate_up: one quant per norm output already, so nothing to dedup or group; the q / k norms of
+    # both layers and the final norm have no quant consumer and are inlined
+    assert dicts_after("fused counts:", out) == [{"add_norm_quant": 3, "inline_norm": 5, "norm_quant": 1,
+                                                  "silu_quant": 2, "fills_stripped": 0, "fills_kept": 0,
+                                                  "rejected": 7, "errors": 0}]
     assert "qkv_proj BlockFP8Linear(in_features=256, out_features=1024" in out
     check_errors_small(out, 1)
 
@@ -117,7 +118,8 @@ def test_per_tensor_zero_fill():
     assert len(re.findall(r"^  stripped full_default\S*: consumer fp8_fusion::dynamic_per_tensor_quant\(scale\) "
                           r"overwrites it$", out, flags=re.MULTILINE)) == 4
     assert len(re.findall(r"^  kept full_default\S*: fill_accumulating_op ", out, flags=re.MULTILINE)) == 4
-    assert "fused [none]" in out  # a per-tensor quant is no group quant: nothing for the norm / silu fusions
+    # a per-tensor quant is no group quant: nothing for the norm / silu fusions; the norms are inlined instead
+    assert "fused [inline_norm=5]" in out
     check_errors_small(out, 2)
 
 

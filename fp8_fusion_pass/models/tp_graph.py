@@ -5,7 +5,9 @@ all-reduce boundary that reads the tensor before the sum, or that drops / reorde
 wraps the pass (or nothing, for a compile without it), snapshots the collective nodes of the post-grad graph
 before and after, and checks:
 
-1. the collective nodes (``_c10d_functional.*`` / ``c10d.*``) are the same nodes, targets, arguments and order;
+1. the collective nodes (``_c10d_functional.*`` / ``c10d.*``) are the same nodes, targets, arguments and order
+   (a tensor argument by its dtype and shape: ``inline_norm`` replaces a norm op that feeds a collective with
+   its aten ops, a new producer node of the same values);
 2. every ``wait_tensor`` that had users still has users (its summed output still feeds the model);
 3. no fused op reads a collective's *input* (the per-rank partial sum): a fused op's inputs come after the wait;
 4. every fused op sits after, in graph order, each ``wait_tensor`` it reads through views.
@@ -49,8 +51,13 @@ def source(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def _arg(a) -> str:
+    val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    return f"tensor {val.dtype} {tuple(val.shape)}" if isinstance(val, torch.Tensor) else str(a)
+
+
 def _snapshot(graph: torch.fx.Graph) -> list[tuple]:
-    return [(n.name, _op_name(n), tuple(str(a) for a in n.args)) for n in graph.nodes if is_collective(n)]
+    return [(n.name, _op_name(n), tuple(_arg(a) for a in n.args)) for n in graph.nodes if is_collective(n)]
 
 
 @dataclasses.dataclass

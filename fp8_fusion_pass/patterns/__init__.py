@@ -29,9 +29,9 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("norm_quant", "norm_quant", "norm_quant", "rms_norm_group_quant", False),
     # silu(gate) * up -> [reshape] -> group_quant -> blockscale_mm  ->  silu_mul_group_quant
     Fusion("silu_quant", "silu_quant", "silu_quant", "silu_mul_group_quant", True),
-    # rms_norm / add_rms_norm with no quant consumer (left after the fusions)  ->  its aten ops (off by default)
+    # rms_norm / add_rms_norm with no quant consumer (left after the fusions)  ->  its aten ops
     Fusion("inline_norm", "inline_norm", "inline_norm", None, False),
-    # blockscale_mm x 2-3 of one (q, scale)  ->  blockscale_mm_grouped + slices (off by default)
+    # blockscale_mm x 2-3 of one (q, scale)  ->  blockscale_mm_grouped + slices
     Fusion("group_gemm", "group_gemm", "group_gemm", "blockscale_mm_grouped", False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),

@@ -1,4 +1,4 @@
-"""GEMMs of one quantized activation become one grouped GEMM. Off by default: not yet measured on a GPU.
+"""GEMMs of one quantized activation become one grouped GEMM.
 
     before (HF attention: q_proj, k_proj, v_proj read the same quant after dedup_quant and the norm fusion)
     q, s = rms_norm_group_quant(x, w, eps, 128)
@@ -13,8 +13,9 @@ Face models keep them separate, so at decode each is its own launch of a few mic
 the H200: q 8.3 us, k 5.5, v 5.5, against 10.5 for the merged 6144 x 4096 shape; gate 16.4 + up 16.4 against
 28.1; benchmarks/gemm.py). The grouped op reads every weight in place (no copy) and, on the Triton backend, runs
 them in one launch with the measured config of the merged shape. Estimated from those GEMM times, ~13 us less
-per Qwen3-8B layer at batch 1; the end-to-end effect has not been measured: ``FusionConfig(group_gemm=True)``,
-``benchmarks/decode.py --group-gemms``.
+per Qwen3-8B layer at batch 1. Measured end to end (H200, all 36 layers of HF Qwen3-8B, batch 1, three runs of
+``benchmarks/decode.py --forms hf``): the pass's decode speed-up went from 1.041x without this rewrite to
+1.16-1.22x with it, ~17 us per layer.
 
 HF's silu-mul fusion concatenates the separate gate and up outputs (``cat`` -> ``silu_mul_group_quant``); once
 they are slices of one grouped output, in order, that concat is the grouped output itself and is folded away

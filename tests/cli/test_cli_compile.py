@@ -56,7 +56,7 @@ def test_diff_removes_unfused_ops_and_adds_fused_ones(qwen_diff):
     applied = Counter(d["pattern"] for d in report["applied"])
     # Every fusion the report applied shows up as its fused op on a + line, and never on a - line.
     fused_ops = {f.name: f.fused_op for f in FUSIONS if f.fused_op}
-    assert set(applied) == {"dedup_quant", "norm_quant", "add_norm_quant", "silu_quant"}, report["counts"]
+    assert set(applied) == {"dedup_quant", "norm_quant", "add_norm_quant", "silu_quant", "group_gemm"}, report["counts"]
     for pattern, n in applied.items():
         op = fused_ops.get(pattern)
         if op:
@@ -64,7 +64,8 @@ def test_diff_removes_unfused_ops_and_adds_fused_ones(qwen_diff):
             assert _count_calls(removed, op) == 0
     # ... and each fusion and each dedup removed exactly one group quant (the o_proj quants stay: no norm or
     # silu before them), so the - lines hold exactly that many group_quant calls and the + lines none.
-    assert _count_calls(removed, "group_quant") == sum(applied.values())
+    # (group_gemm groups GEMMs and removes no quant)
+    assert _count_calls(removed, "group_quant") == sum(n for p, n in applied.items() if p != "group_gemm")
     assert _count_calls(added, "group_quant") == 0
 
 
@@ -124,7 +125,7 @@ def test_verify_hf_form_within_contract():
     out = res.stdout
     for case in ("random-1", "random-2", "zero-rows", "tiny", "large", "overflow", "outlier", "nan", "inf"):
         assert re.search(rf"^{case}\s+logits\s.*\syes\s+ok$", out, re.M), f"{case} missing or broken:\n{out}"
-    assert re.search(r"report: add_norm_quant=3, dedup_quant=6, norm_quant=1, silu_quant=2", out), out
+    assert re.search(r"report: add_norm_quant=3, dedup_quant=6, group_gemm=4, norm_quant=1, silu_quant=2", out), out
     assert "ok: 9 checks within the contract" in out
     rows = {m[0]: m[1:] for m in re.findall(
         r"^([\w-]+)\s+logits\s+(\S+)\s+(\S+)\s+(\S+)\s+\S+\s+(\d+)/\d+\s+(\d+) / (\d+)", out, re.M)}

@@ -206,6 +206,12 @@ def count_ops(gm: GraphModule, target) -> int:
     return sum(1 for n in gm.graph.nodes if n.target is target)
 
 
+def value_changing_rewrites(report: report_mod.FusionReport) -> set[str]:
+    """The rewrites applied to a graph that may move its outputs off bit-exactness: all but dedup_quant (the
+    fusions, and the whole-graph inline_norm / group_gemm that expected_counts does not model)."""
+    return {d.pattern for d in report.applied} - {"dedup_quant"}
+
+
 def applied_counts(report: report_mod.FusionReport) -> dict[str, int]:
     counts = report.counts()
     return {k: v for k, v in counts.items() if k in ("norm_quant", "add_norm_quant", "silu_quant", "dedup_quant") and v}

@@ -6,6 +6,9 @@ on the GPU. This test compiles the default GPU tiles (and the fallbacks) with th
 ``GPUTarget("cuda", 90, 32)`` in a subprocess without ``TRITON_INTERPRET`` (Triton's NVIDIA backend ships ptxas in
 its wheel; no driver needed), and checks the one structural property the norm's speed rests on: no full-tile
 ``convert_layout`` (a shared-memory round trip of the row) in the fused norm without residual (``_tiles.py``).
+The ``PDL`` variants (``_pdl.py``) must keep their grid-dependency control in the PTX: ``griddepcontrol.wait`` before
+any global load, store or atomic, then ``griddepcontrol.launch_dependents``, and in the small-M GEMM with
+``PREFETCH`` the ``cp.async.bulk.prefetch.L2`` of its weight slab (inline asm that a refactor could drop silently).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ SCRIPT = textwrap.dedent(
 
     _tiles._budget = lambda: (_tiles.TILE, _tiles.TARGET_PROGRAMS)  # the GPU tiles
     FP8 = dict(FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, EMULATE_CAST=False, PTX=True)
+    OFF, PDL = dict(PDL=False), dict(PDL=True)  # the PDL constexpr of the kernels that have one (_pdl.py)
     NORM = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "res_out_ptr": "*bf16",
             "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "M": "i32", "K": "i32", "stride_x": "i32", "stride_r": "i32",
             "eps": "fp32"}
@@ -38,6 +42,18 @@ SCRIPT = textwrap.dedent(
     PT = {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "partial_ptr": "*fp32", "P": "i32", "scale_ptr": "*fp32",
           "N": "i32", "ITERS": "i32"}
 
+    # a global load, store or atomic (predicated or not); cp.async.bulk.prefetch is not one of them
+    MEMORY = re.compile(r"(@!?%p\d+ )?(ld\.global|st\.global|atom\.|red\.|cp\.async\.(ca|cg|bulk\.tensor))")
+
+    def pdl_facts(ptx):
+        # griddepcontrol in order, the prefetches, and every global memory access before the first wait
+        lines = [line.strip() for line in ptx.splitlines()]
+        wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), len(lines))
+        launch = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.launch_dependents")), -1)
+        early = [line for line in lines[:wait] if MEMORY.match(line)]
+        return {"wait": wait < len(lines), "launch_after_wait": launch > wait, "early": early,
+                "prefetch": ptx.count("cp.async.bulk.prefetch.L2.global")}
+
     def build(fn, sig, consts, warps):
         names = fn.arg_names
         sig = {n: ("constexpr" if n in consts else sig[n]) for n in names}
@@ -45,7 +61,10 @@ SCRIPT = textwrap.dedent(
                  if sig[n].startswith("*") or n in ("K", "I", "stride_x", "stride_r")}
         src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
                                         constexprs={(names.index(k),): v for k, v in consts.items()})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        options = {"num_warps": warps, **({"launch_pdl": True} if consts.get("PDL") else {})}
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        if consts.get("PDL"):
+            pdl[fn.__name__ + " " + str(sorted(consts.items()))] = pdl_facts(k.asm["ptx"])
         full = []  # layout conversions of 3-D tiles with a real column axis: [BLOCK_M, GPC, G > 1]
         for line in k.asm["ttgir"].splitlines():
             m = re.search(r"ttg.convert_layout %\S+ : tensor<([0-9x]+)x[a-z]", line)
@@ -53,21 +72,26 @@ SCRIPT = textwrap.dedent(
                 full.append(m.group(1))
         return full
 
-    out = {}
+    out, pdl = {}, {}
     for k, res, quant in [(4096, False, True), (5120, False, True), (5120, True, True), (8192, False, True),
                           (1024, True, False), (7168, False, True), (2048, False, True)]:
         t = _tiles.row_tile(8192, k, 128, res)
         even = k == (t.gpc + t.tail) * 128 if t.one_pass else k % (t.gpc * 128) == 0
         c = dict(G=128, GPC=t.gpc, TAIL=t.tail, BLOCK_M=t.block_m, ONE_PASS=t.one_pass, EVEN_K=even,
-                 PREFETCH=t.prefetch and t.one_pass, HAS_RESIDUAL=res, QUANT=quant, **FP8)
+                 PREFETCH=t.prefetch and t.one_pass, HAS_RESIDUAL=res, QUANT=quant, **FP8, **OFF)
         out[f"norm K={k} residual={res} quant={quant} {t}"] = build(rn._rms_norm_kernel, NORM, c, t.num_warps)
+        if k == 4096:
+            out[f"norm PDL K={k} residual={res} quant={quant} {t}"] = build(rn._rms_norm_kernel, NORM, {**c, **PDL},
+                                                                            t.num_warps)
     for quant in (True, False):
         t = _tiles.elementwise_tile(8192, 96, 128, "silu_mul")
-        c = dict(G=128, GPC=t.gpc, BLOCK_M=t.block_m, QUANT=quant, **FP8)
+        c = dict(G=128, GPC=t.gpc, BLOCK_M=t.block_m, QUANT=quant, **FP8, **OFF)
         out[f"silu quant={quant} {t}"] = build(sm._silu_and_mul_kernel, EW, c, t.num_warps)
+    out[f"silu PDL quant=True {t}"] = build(sm._silu_and_mul_kernel, EW, {**c, "QUANT": True, **PDL}, t.num_warps)
     t = _tiles.elementwise_tile(8192, 32, 128, "group_quant")
-    out[f"group_quant {t}"] = build(gq._group_quant_kernel, EW, dict(G=128, GPC=t.gpc, BLOCK_M=t.block_m, **FP8),
-                                    t.num_warps)
+    for flag in (OFF, PDL):
+        out[f"group_quant{' PDL' if flag['PDL'] else ''} {t}"] = build(
+            gq._group_quant_kernel, EW, dict(G=128, GPC=t.gpc, BLOCK_M=t.block_m, **FP8, **flag), t.num_warps)
     for single in (True, False):
         c = dict(BLOCK=pt.BLOCK, P_BLOCK=256, SINGLE_PROGRAM=single, **FP8)
         out[f"per_tensor single={single}"] = build(pt._per_tensor_quant_kernel, PT, c, pt.NUM_WARPS)
@@ -80,15 +104,26 @@ SCRIPT = textwrap.dedent(
           "b1_ptr": "*fp8e4nv", "b2_ptr": "*fp8e4nv", "bs1_ptr": "*fp32", "bs2_ptr": "*fp32"}
     # the small-M GEMM: fp8 input with the in-launch split-K sum, the bf16-input variant (its quant inside; it
     # once failed to compile on the GPU only: two returns of different types), the GEMV, and
-    # three GEMMs sharing the activation in one launch (q / k / v: each N tile selects its group's weight)
-    for quant_a, mode, fma, block_m, block_n, groups in [(False, 2, False, 16, 64, 1), (True, 2, False, 16, 64, 1),
-                                                          (True, 1, True, 1, 16, 1), (False, 2, False, 16, 64, 3)]:
+    # three GEMMs sharing the activation in one launch (q / k / v: each N tile selects its group's weight); with
+    # PDL and the weight prefetch: the in-launch sum, and the two-launch sum of three groups
+    for quant_a, mode, fma, block_m, block_n, groups, pdl_on in [
+            (False, 2, False, 16, 64, 1, False), (True, 2, False, 16, 64, 1, False), (True, 1, True, 1, 16, 1, False),
+            (False, 2, False, 16, 64, 3, False), (False, 2, False, 16, 64, 1, True),
+            (False, 1, False, 16, 64, 3, True)]:
         sig = dict(MM, a_ptr="*bf16") if quant_a else MM
         c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1,
                  MODE=mode, GROUPS=groups, FMA=fma, QUANT_A=quant_a, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False,
-                 EMULATE_CAST=False)
-        name = f"small_m quant_a={quant_a} mode={mode} fma={fma} groups={groups}"
+                 EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on)
+        name = f"small_m{' PDL' if pdl_on else ''} quant_a={quant_a} mode={mode} fma={fma} groups={groups}"
         out[name] = build(smk._small_m_kernel, sig, c, 4)
+    RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}
+    out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, PDL=True), 4)
+    from fp8_fusion_pass.kernels.triton import _blockscale_kernels as bk
+    TILED = {n: MM[n] for n in ("a_ptr", "b_ptr", "c_ptr", "as_ptr", "bs_ptr", "M", "N", "K", "stride_am",
+             "stride_bn", "stride_cm", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")}
+    out["tiled PDL"] = build(bk._blockscale_mm_kernel, TILED, dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=64,
+                             BLOCK_N=128, BLOCK_K=128, GROUP_M=8, EVEN_K=True, PDL=True), 4)
+    out["PDL facts"] = pdl
     print("RESULT " + json.dumps(out))
     """
 )
@@ -115,7 +150,14 @@ def test_kernels_compile_for_sm90():
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert len(result) == 17, sorted(result)
+    pdl = result.pop("PDL facts")
+    assert len(result) == 24, sorted(result)
+    # norm, silu, group_quant, small-M x 2, split-K sum, tiled
+    assert len(pdl) == 7 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
+    for name, facts in pdl.items():
+        assert facts["wait"] and facts["launch_after_wait"], f"{name}: griddepcontrol missing or out of order"
+        assert facts["early"] == [], f"{name}: global memory accessed before griddepcontrol.wait: {facts['early']}"
+        assert facts["prefetch"] == (1 if "_small_m_kernel" in name else 0), f"{name}: {facts['prefetch']} prefetches"
     for name, full_tile_conversions in result.items():
         if name.startswith("norm") and "residual=False" in name and "one_pass=True" in name:
             assert full_tile_conversions == [], f"{name}: rows move through shared memory: {full_tile_conversions}"

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from pattern_helpers import capture, count, run_pass
+from pattern_helpers import FUSIONS_ONLY, capture, count, run_pass
 
 from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
@@ -14,7 +16,7 @@ from fp8_fusion_pass.models import build_model, example_inputs
 
 ops = torch.ops.fp8_fusion
 LAYERS = 2
-GROUP = FusionConfig(group_gemm=True)
+GROUP = dataclasses.replace(FUSIONS_ONLY, group_gemm=True)  # this rewrite alone on top of the fusions
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +26,10 @@ def hf_graph():
     return gm
 
 
-def test_off_by_default(hf_graph):
-    r, gm = run_pass(hf_graph)
+def test_on_by_default_and_nothing_without_it(hf_graph):
+    r, gm = run_pass(hf_graph, FusionConfig())
+    assert r.counts()["group_gemm"] == 2 * LAYERS, r.render()
+    r, gm = run_pass(hf_graph, FUSIONS_ONLY)
     assert "group_gemm" not in r.counts()
     assert count(gm, ops.blockscale_mm.default) == 7 * LAYERS and count(gm, ops.blockscale_mm_grouped.default) == 0
 
@@ -75,7 +79,7 @@ def test_whole_model_outputs_are_unchanged_on_the_reference_backend():
     inputs = example_inputs(m, 2, 5)
     outs = {}
     with torch.no_grad():
-        for config in (FusionConfig(), GROUP):
+        for config in (FUSIONS_ONLY, GROUP):
             torch._dynamo.reset()
             report_mod.clear_reports()
             opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
@@ -150,7 +154,7 @@ def test_compiled_model_runs_the_grouped_triton_kernel(monkeypatch):
     inputs = example_inputs(m, 1, 1)
     outs = {}
     with torch.no_grad(), backends.use_backend("triton"):
-        for config in (FusionConfig(), GROUP):
+        for config in (FUSIONS_ONLY, GROUP):
             torch._dynamo.reset()
             opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
             outs[config.group_gemm] = torch.compile(m, options=opts)(*inputs).logits
@@ -160,7 +164,7 @@ def test_compiled_model_runs_the_grouped_triton_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["group_gemm", "inline_norm"])
-def test_a_failing_opt_in_rewrite_is_recorded_and_leaves_the_graph(hf_graph, name):
+def test_a_failing_whole_graph_rewrite_is_recorded_and_leaves_the_graph(hf_graph, name):
     from fp8_fusion_pass.fusion_pass import inject_failure
 
     config = FusionConfig(group_gemm=True, inline_norm=True)

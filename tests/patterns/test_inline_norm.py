@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from pattern_helpers import capture, count, run_pass
+from pattern_helpers import FUSIONS_ONLY, capture, count, run_pass
 
 from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
@@ -14,7 +16,7 @@ from fp8_fusion_pass.models import build_model, example_inputs
 
 ops = torch.ops.fp8_fusion
 LAYERS = 2
-INLINE = FusionConfig(inline_norm=True)
+INLINE = dataclasses.replace(FUSIONS_ONLY, inline_norm=True)  # this rewrite alone on top of the fusions
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +26,10 @@ def engine_graph():
     return gm
 
 
-def test_off_by_default(engine_graph):
-    r, gm = run_pass(engine_graph)
+def test_on_by_default_and_nothing_without_it(engine_graph):
+    r, gm = run_pass(engine_graph, FusionConfig())
+    assert r.counts()["inline_norm"] == 2 * LAYERS + 1, r.render()
+    r, gm = run_pass(engine_graph, FUSIONS_ONLY)
     assert "inline_norm" not in r.counts()
     # the q / k norms of every layer and the final norm stay ops, each with its "why not"
     assert count(gm, ops.rms_norm.default) == 2 * LAYERS and count(gm, ops.add_rms_norm.default) == 1
@@ -78,6 +82,22 @@ def test_switches_and_deterministic_mode_keep_it_off(engine_graph, monkeypatch):
     assert "inline_norm" not in r.counts()  # Inductor's kernel may round differently: not bit-exact
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fp16_fp32_norms_stay_ops(dtype):
+    # fp16 / fp32 graphs are left alone, as by the fusions' dtype guard; the report says why in a note
+    x, r, w = torch.randn(3, 256, dtype=dtype), torch.randn(3, 256, dtype=dtype), torch.randn(256, dtype=dtype)
+    (gm,) = capture(_Norms(), x, r, w)
+    rep, out = run_pass(gm, INLINE)
+    assert "inline_norm" not in rep.counts()
+    assert count(out, ops.rms_norm.default) == 1 and count(out, ops.add_rms_norm.default) == 1
+    assert sum("fp16 / fp32 graphs are left alone" in n for n in rep.notes) == 2, rep.notes
+
+
+class _Norms(torch.nn.Module):
+    def forward(self, x, r, w):
+        return _norms(x, r, w)
+
+
 def _norms(x, r, w):
     y1 = ops.rms_norm(x, w, 1e-6)
     y2, res = ops.add_rms_norm(x, r, w, 1e-5)
@@ -113,7 +133,7 @@ def test_whole_model_within_the_pass_bound():
     inputs = example_inputs(m, 2, 5)
     outs = {}
     with torch.no_grad():
-        for config in (FusionConfig(), INLINE):
+        for config in (FUSIONS_ONLY, INLINE):
             torch._dynamo.reset()
             opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
             outs[config.inline_norm] = torch.compile(m, options=opts)(*inputs)

@@ -3,6 +3,7 @@ rewritten graph, and negative cases that leave the graph unchanged with a reason
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from fp8_fusion_pass.config import FusionConfig
 
-from pattern_helpers import NormLinear, capture, count, graph_text, ops, run_pass
+from pattern_helpers import FUSIONS_ONLY, NormLinear, capture, count, graph_text, ops, run_pass
 
 BF16 = torch.bfloat16
 FUSED = ops.rms_norm_group_quant.default
@@ -145,7 +146,7 @@ def test_hidden_not_multiple_of_128_with_an_unconfigured_group():
     # hidden 192: quantize_block_fp8 leaves such linears bf16; built by hand with group 64 it is a legal quant,
     # and the pass fuses only the group sizes it was configured for
     gm0 = capture(NormLinear(hidden=192, form="op", group_size=64), x3(hidden=192))[0]
-    assert_unchanged(gm0, FusionConfig(group_sizes=(128,)), reason="group_size_not_configured")
+    assert_unchanged(gm0, dataclasses.replace(FUSIONS_ONLY, group_sizes=(128,)), reason="group_size_not_configured")
     r, _ = run_pass(gm0, FusionConfig(group_sizes=(128, 64)))
     assert r.counts()["norm_quant"] == 1
 
@@ -185,7 +186,7 @@ def test_reshape_that_changes_the_last_dim():
 
 
 def test_switched_off_by_config_env_and_deterministic_mode(op_graph, monkeypatch):
-    assert_unchanged(op_graph, FusionConfig(norm_quant=False), reason="disabled_by_config")
+    assert_unchanged(op_graph, dataclasses.replace(FUSIONS_ONLY, norm_quant=False), reason="disabled_by_config")
     monkeypatch.setenv("FP8_FUSION_DISABLE", "norm_quant")
     assert_unchanged(op_graph, reason="disabled_by_env")
     assert run_pass(op_graph, FusionConfig(use_env=False))[0].counts()["norm_quant"] == 1
@@ -204,5 +205,5 @@ def test_malformed_env_turns_everything_off_and_says_so(op_graph, monkeypatch):
 
 
 def test_dedup_off_reports_multiple_quants(hf_qkv_graph):
-    r = assert_unchanged(hf_qkv_graph, FusionConfig(dedup_quant=False), reason="multiple_quants")
+    r = assert_unchanged(hf_qkv_graph, dataclasses.replace(FUSIONS_ONLY, dedup_quant=False), reason="multiple_quants")
     assert r.rejection_reasons() == {"multiple_quants": 1}  # one decision for the norm, not one per quant

@@ -12,7 +12,8 @@ Scale layouts are passed as strides, so any layout works without a copy:
 - per-tensor scales: strides 0, so every tile reads the one value.
 
 ``_blockscale_mm_kernel``: classic output tiles with a grouped-M launch order (compute-bound, M >= 128). The
-small-M GEMM (swap-AB split-K, for decode-sized M) is in ``_small_m_kernels.py``.
+small-M GEMM (swap-AB split-K, for decode-sized M) is in ``_small_m_kernels.py``. ``PDL`` (``_pdl.py``, off by
+default): ``wait_then_launch`` first in every program.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ... import arch as _arch
+from ._pdl import pdl_kwargs, wait_then_launch
 
 SCALE_BLOCK = 128  # weight scales are per 128x128 block (DeepSeek-V3 / Qwen3-FP8 ``weight_scale_inv``)
 MIN_BLOCK_K = 32  # an 8-bit MMA has k=32: a smaller promotion step cannot use tensor cores
@@ -64,7 +66,9 @@ def _blockscale_mm_kernel(
     BLOCK_K: tl.constexpr,  # the promotion step: one K tile, one scale pair
     GROUP_M: tl.constexpr,  # launch order: GROUP_M row tiles share each weight tile while it is in L2
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K mask (always true for block scales)
+    PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait_then_launch before any load or store
 ):
+    wait_then_launch(PDL)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -173,6 +177,6 @@ def tiled_mm(q, x_scale, w_q, w_scale, out_dtype, config: TiledConfig | None = N
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % block_k == 0,
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        num_warps=cfg.warps, num_stages=cfg.stages, **pdl_kwargs(q.device),
     )  # fmt: skip
     return out

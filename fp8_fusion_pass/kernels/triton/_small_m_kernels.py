@@ -16,6 +16,11 @@ At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8
 - ``fma``: for M <= ``FMA_MAX_M`` a GEMV without tensor cores: fp32 products and a sum over K in registers.
 - ``small_m_mm_bf16``: the activation is bf16 and quantized inside the GEMM (``_fp8.group_quant_tile``, bit-exact
   with ``reference.group_quant``), as the seed PR's small-M GEMM does: no group-quant launch before the GEMM.
+- ``PDL`` (``_pdl.py``, ``FP8_FUSION_PDL=1``, off by default): the launch may start while the previous kernel
+  runs; each program first issues one ``cp.async.bulk.prefetch.L2`` per weight row of the first
+  ``PREFETCH_TILES`` K tiles of its slab (``PREFETCH``: the weight is constant, so it may be read early), waits
+  for the previous grid, runs the loop unchanged, and lets the next PDL grid launch after the loop. The split-K
+  sum kernel waits (then triggers) at its top. Same results, bit for bit (``tests/kernels/test_pdl_gpu.py``).
 
 Hazard of "last": the counters are shared by all launches on a device; two such GEMMs running *concurrently on
 two streams* could take each other's tickets. Launches on one stream (CUDA graphs included) are ordered and safe.
@@ -60,6 +65,16 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
 9. Default split aims at 396 programs (was 264): reproduces round 1's best splits, predicted qkv M=1 13.5 ->
    11.6 us and 32B down M=16 41.4 -> 39.1 us with the two-launch sum. Measured in round 1 (the TABLE's M = 4 / 32
    rows); the 2026-12-01 sweep's winners launched 96-400 programs (median 256) per row block.
+10. PDL (``benchmarks/pdl.py``, H200, torch 2.11, Triton 3.6, TABLE configs, Qwen3-8B qkv / o / gate_up / down
+    at M = 1, 16, 64; medians, ~5% apart between runs): predicted -1 to -2 us per GEMM (the launch and
+    ramp hidden behind the previous kernel). Measured, as first built (the whole K slab prefetched, the trigger
+    right after the wait): slower everywhere, the GEMM alone 1.03-1.61x and norm / silu quant -> GEMM 1.06-1.47x
+    (likely, not profiled: 25-100 MB prefetched while the previous kernel streams its own thrash the 50 MB L2).
+    Prefetching 2 or 4 tiles per row instead: the same as no prefetch (+-3%), but back to back the GEMM was still
+    1.1-1.3x slower at M <= 16 (likely: the next grid's programs resident early, spinning in their wait). Triggering
+    after the loop (two runs, 2 tiles prefetched): the GEMM alone 0.93-1.05x (o M=64 1.22x); quant -> GEMM
+    0.88-0.89x at qkv / o M=1 (-1.2 to -1.5 us), 0.90x qkv M=64, 0.96-0.99x gate_up, 0.92x down M=64, but
+    1.07-1.11x down M <= 16 and 1.19x o M=64. The prefetch itself was within noise of none. Off by default.
 Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.8-2.8x, the 1 MB k|v
 4.8-7.3x): a launch in a CUDA graph pays a roughly fixed ramp and tail whatever its size (the 4 KB group-quant
 kernel of a decode step runs 1.2 us, benchmarks/profile_step.py).
@@ -75,12 +90,16 @@ import triton
 import triton.language as tl
 
 from ... import arch as _arch
+from . import _pdl
 from ._blockscale_kernels import SCALE_BLOCK, promotion_block
 from ._fp8 import amax_nan, cast_fp8, div_by_scale, fp8_constexprs, reciprocal_of, scale_of, to_fp32
+from ._pdl import prefetch_l2, wait_then_launch
 
 REDUCES = ("kernel", "last")
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
+# With PDL: K tiles per weight row that a program prefetches into L2 before its wait (module docstring, 10).
+PREFETCH_TILES = tl.constexpr(2)
 # Shapes without a TABLE row keep the two-launch sum: "last" (correct under CUDA graphs and cudagraph trees on
 # the H200) was no faster at the default config on median (0.81-1.28x, 48 points); TABLE rows pick it per shape.
 DEFAULT_REDUCE = "kernel"
@@ -175,6 +194,8 @@ def _small_m_kernel(
     GROUPS: tl.constexpr,  # GEMMs sharing the activation in this launch (1, 2 or 3)
     FMA: tl.constexpr, QUANT_A: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait for the previous grid before the loop
+    PREFETCH: tl.constexpr,  # PDL: prefetch the first weight tiles into L2 before the wait (16-byte aligned rows)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -203,6 +224,11 @@ def _small_m_kernel(
     x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
     ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn
     xs_ptrs = as_ptr + rm * stride_asm
+    if PDL:
+        if PREFETCH:  # no kernel writes the weight: it may be read while the previous grid still runs
+            prefetch_l2(b_ptr + rn.to(tl.int64) * stride_bn + k_first,
+                        tl.minimum(kt_end - kt_start, PREFETCH_TILES) * BLOCK_K)  # fmt: skip
+        tl.extra.cuda.gdc_wait()  # before the first activation load and any store
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # out^T tile
     for kt in range(kt_start, kt_end, K_UNROLL):
@@ -219,6 +245,8 @@ def _small_m_kernel(
             acc += part * w_s[:, None] * x_s[None, :]
         w_ptrs += K_UNROLL * BLOCK_K
         x_ptrs += K_UNROLL * BLOCK_K
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # after the loop, not at the top (measured: module docstring, 10)
 
     if GROUPS == 1:
         cols = offs_n
@@ -261,7 +289,9 @@ def _splitk_reduce_kernel(
     MN,
     SPLIT,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py)
 ):
+    wait_then_launch(PDL)  # the partials are the previous grid's
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -370,6 +400,10 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
     # kernel's output width is N + N1 + N2).
     slots = [(w, s, w.shape[0], w.stride(0), *s.stride()) for w, s in groups]
     slots += [(slots[0][0], slots[0][1], 0, *slots[0][3:])] * (MAX_GROUPS - len(slots))
+    pdl = _pdl.pdl_enabled(a.device)
+    # cp.async.bulk.prefetch wants 16-byte aligned addresses: every row start and K slab of every weight.
+    prefetch = pdl and _pdl.prefetch_enabled() and all(w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0
+                                                       for w, _ in groups)  # fmt: skip
     _small_m_kernel[grid](
         a, slots[0][0], out, partials, out if counters is None else counters, xs, slots[0][1],
         m, slots[0][2], k,
@@ -377,11 +411,12 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         per_split, *slots[1], *slots[2],
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        PDL=pdl, PREFETCH=prefetch, num_warps=cfg.warps, num_stages=cfg.stages, **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:
         block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](partials, out, m * n, split, BLOCK=block, num_warps=4)
+        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](partials, out, m * n, split, BLOCK=block, PDL=pdl,
+                                                            num_warps=4, **_pdl.launch_kwargs(pdl))  # fmt: skip
     return out
 
 

@@ -2,6 +2,7 @@
 
 Each program quantizes a [BLOCK_M, GPC, G] tile (``_tiles.elementwise_tile``) with ``_fp8.group_quant_tile``,
 the step every fused kernel shares, so this kernel is the "unfused" half of every fused-vs-unfused comparison.
+``PDL`` (``_pdl.py``, off by default): ``wait_then_launch`` first in every program.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import triton.language as tl
 from ... import arch
 from . import _tiles
 from ._fp8 import group_quant_tile, kernel_constexprs, to_fp32
+from ._pdl import pdl_kwargs, wait_then_launch
 
 # Triton code below keeps its arguments grouped by role (one comment per group), so the formatter is off.
 # fmt: off
@@ -39,7 +41,9 @@ def _group_quant_kernel(
     G: tl.constexpr, GPC: tl.constexpr, BLOCK_M: tl.constexpr,  # grid (cdiv(M, BLOCK_M), cdiv(K/G, GPC))
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast (_fp8.kernel_constexprs)
+    PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait_then_launch before any load or store
 ):
+    wait_then_launch(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows = rows.to(tl.int64)  # M * K overflows int32 at prefill sizes
@@ -65,8 +69,9 @@ def launch(x: torch.Tensor, group_size: int, tile: _tiles.Tile | None = None):
     if m > 0:
         grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n_groups, tile.gpc))
         _group_quant_kernel[grid](
-            x2, q, scale, m, k, x2.stride(0), G=group_size, **kernel_constexprs(x.device), **tile.as_kwargs()
-        )
+            x2, q, scale, m, k, x2.stride(0), G=group_size, **kernel_constexprs(x.device), **tile.as_kwargs(),
+            **pdl_kwargs(x.device),
+        )  # fmt: skip
     return q.view(x.shape), scale.view(*x.shape[:-1], n_groups)
 
 

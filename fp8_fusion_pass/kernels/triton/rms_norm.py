@@ -19,6 +19,7 @@ issues the next block's loads before normalising the current one, so each reside
 in flight while it computes. Rows of 2^a + 2^b groups (K = 5120: 32 + 8) are a main and a ``TAIL`` tile.
 Other rows (K = 7168, K > 8192) take the two-pass loop: column chunks of GPC groups, the second pass re-reading
 the row from L2 (``evict_last`` on the first).
+``PDL`` (``_pdl.py``, off by default): ``wait_then_launch`` first in every program, before the w load too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import triton.language as tl
 from ... import arch
 from . import _tiles
 from ._fp8 import group_quant_tile, kernel_constexprs, round_to, to_fp32
+from ._pdl import pdl_kwargs, wait_then_launch
 
 COLUMN_BLOCK = 128  # G of the unquantized norms: the same tiles as the fused norm at group size 128
 
@@ -148,7 +150,9 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast (_fp8.kernel_constexprs)
+    PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait_then_launch before any load or store
 ):
+    wait_then_launch(PDL)
     DTYPE = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -254,11 +258,12 @@ def launch(
     if m > 0:
         covered = (tile.gpc + tile.tail) * g if tile.one_pass else tile.gpc * g
         even = k == covered if tile.one_pass else k % covered == 0
-        key = (tile, residual is not None, quant, x.dtype, g, even)  # one compiled variant of the kernel
+        pdl = pdl_kwargs(dev)
+        key = (tile, residual is not None, quant, x.dtype, g, even, pdl["PDL"])  # one compiled variant of the kernel
         compiled = _rms_norm_kernel[(_tiles.programs(tile, m, dev, key),)](
             x2, r2, w, y, res_out, q, scale, m, k, x2.stride(0), r2.stride(0), eps,
             G=g, TAIL=tile.tail, ONE_PASS=tile.one_pass, EVEN_K=even, PREFETCH=tile.prefetch and tile.one_pass,
-            HAS_RESIDUAL=residual is not None, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs(),
+            HAS_RESIDUAL=residual is not None, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs(), **pdl,
         )  # fmt: skip
         _tiles.note_resident(key, compiled, tile, dev)
     out = (q.view(x.shape), scale.view(*x.shape[:-1], k // g)) if quant else y.view(x.shape)

@@ -10,6 +10,7 @@ of the exp and the division before the bf16 rounding (bit-exact on the CPU inter
 (``PTX``) the exp and the reciprocal are one ``ex2.approx.ftz`` and one ``rcp.approx.ftz`` each (MUFU), what
 ``tl.exp`` and ``/`` (``div.full.f32``) compute too, minus their subnormal range fix-ups: 5 instructions per value
 instead of ~12 (sm_90 SASS, counted offline), in a kernel that was at its issue budget (``_tiles.py``).
+``PDL`` (``_pdl.py``, off by default): ``wait_then_launch`` first in every program.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import triton.language as tl
 from ... import arch
 from . import _tiles
 from ._fp8 import kernel_constexprs, round_to, to_fp32
+from ._pdl import pdl_kwargs, wait_then_launch
 from .group_quant import store_group_quant
 
 COLUMN_BLOCK = 128  # G of the unquantized op: I need not be a multiple of it (columns are masked)
@@ -56,7 +58,9 @@ def _silu_and_mul_kernel(
     QUANT: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast, ex2 / rcp inline asm (_fp8.kernel_constexprs)
+    PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait_then_launch before any load or store
 ):
+    wait_then_launch(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows = rows.to(tl.int64)  # M * 2I overflows int32 at prefill sizes
@@ -95,8 +99,9 @@ def launch(x: torch.Tensor, group_size: int | None, tile: _tiles.Tile | None = N
     if m > 0 and i > 0:
         grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n_groups, tile.gpc))
         _silu_and_mul_kernel[grid](
-            x2, y, q, scale, m, i, x2.stride(0), G=g, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs()
-        )
+            x2, y, q, scale, m, i, x2.stride(0), G=g, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs(),
+            **pdl_kwargs(dev),
+        )  # fmt: skip
     lead = x.shape[:-1]
     return (q.view(*lead, i), scale.view(*lead, n_groups)) if quant else y.view(*lead, i)
 
