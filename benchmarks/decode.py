@@ -17,8 +17,12 @@ benchmark owns its decode loop. The KV cache is static (engine ``KVCache`` / HF 
 random values up to ``--context`` tokens, so every step attends over the same length.
 
 Accuracy: each block-FP8 variant's logits against the same model run eagerly (``torch.compiler.set_stance
-("force_eager")``, same weights and KV cache), and pass against no pass. Random weights through 36 layers amplify
+("force_eager")``, same weights and KV cache, the cache's token count reset before each), and pass against no
+pass (``--compile full``: the logits of the last timed step, whose HF cache state differs from the eager one). Random weights through 36 layers amplify
 any rounding difference, so compare the pass's error against eager with the no-pass compile's, not with zero.
+
+``--dry-run``: the same code on the CPU with a tiny preset (``qwen3-tiny``), each "graph replay" a plain call and
+times from the wall clock, so a test checks the harness end to end; its times mean nothing.
 
 Roofline per step: bytes of every weight read once (fp8 linears + their scales + bf16 embeddings row, norms and
 lm_head) plus the KV cache read, over the copy bandwidth measured in the same run.
@@ -45,6 +49,9 @@ from fp8_fusion_pass.config import FUSIONS, FusionConfig  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
 from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
+
+
+DEVICE = "cuda"  # "cpu" with --dry-run
 
 
 def log(msg: str) -> None:
@@ -84,9 +91,21 @@ def compile_regions(model, with_pass: bool) -> None:
         layer.compile(options=pass_options(with_pass), dynamic=False)
 
 
+class _Call:
+    """--dry-run's stand-in for a captured graph: ``replay()`` calls the step."""
+
+    def __init__(self, step, args):
+        self.step, self.args = step, args
+
+    def replay(self):
+        return self.step(*self.args)
+
+
 def capture(step, args, warmup: int = 3):
     """Run ``step(*args)`` ``warmup`` times on a side stream (compiles, allocates), then capture it into one CUDA
     graph. Returns (graph, static output)."""
+    if DEVICE == "cpu":
+        return _Call(step, args), step(*args)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -102,6 +121,10 @@ def capture(step, args, warmup: int = 3):
 
 def time_replays(graph: torch.cuda.CUDAGraph, steps: int, rounds: int = 5) -> float:
     """Median over ``rounds`` of the mean ms per replay of ``steps`` back-to-back replays."""
+    if DEVICE == "cpu":
+        t0 = time.perf_counter()
+        graph.replay()
+        return (time.perf_counter() - t0) * 1e3
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -133,11 +156,14 @@ class EngineRunner:
         self.cache = model.new_kv_cache(batch, max_seq)
         for t in self.cache.k + self.cache.v:
             t.normal_()
-        self.pos = torch.full((batch, 1), context, device="cuda", dtype=torch.long)
-        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+        self.pos = torch.full((batch, 1), context, device=DEVICE, dtype=torch.long)
+        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=DEVICE)
 
     def kv_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.cache.k + self.cache.v)
+
+    def reset(self) -> None:
+        """Nothing to reset: a step writes its k / v at a fixed position and reads the same slots every time."""
 
     def step_fn(self):
         model, cache = self.model, self.cache
@@ -157,14 +183,22 @@ class HFRunner:
 
         self.model, self.batch = model, batch
         self.cache = StaticCache(config=model.config, max_cache_len=max_seq)
-        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
-        self.cache_position = torch.tensor([context], device="cuda")
+        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=DEVICE)
+        self.cache_position = torch.tensor([context], device=DEVICE)
         # Initialise the lazily allocated cache with one eager step, then fill it with random values.
         with torch.no_grad():
             model(input_ids=self.ids, past_key_values=self.cache, cache_position=self.cache_position, use_cache=True)
         for layer in self.cache.layers:
             layer.keys.normal_()
             layer.values.normal_()
+        # transformers 5.x StaticCache layers count the tokens written (``cumulative_length``), and every step adds
+        # one: two identical eager steps differ (0.18 relative L2 on the CPU, tiny Qwen3). reset() puts it back.
+        self._lengths = [la.cumulative_length.clone() for la in self.cache.layers if hasattr(la, "cumulative_length")]
+
+    def reset(self) -> None:
+        layers = [la for la in self.cache.layers if hasattr(la, "cumulative_length")]
+        for layer, length in zip(layers, self._lengths):
+            layer.cumulative_length.copy_(length)
 
     def kv_bytes(self) -> int:
         return sum(la.keys.numel() * la.keys.element_size() * 2 for la in self.cache.layers)
@@ -209,7 +243,7 @@ def fusion_summary(reports) -> dict:
 
 
 def bench_prefill(model, form: str, with_pass: bool, seq: int, steps: int, mode: str) -> float:
-    ids = torch.randint(0, model.config.vocab_size, (1, seq), device="cuda")
+    ids = torch.randint(0, model.config.vocab_size, (1, seq), device=DEVICE)
     if form == "engine":
         fn = lambda i: model(i)  # noqa: E731
     else:
@@ -239,7 +273,7 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
     label = f"{scheme}{'+pass' if with_pass else ''}"
     log(f"{preset} {form} {label}: building")
     torch.manual_seed(0)
-    model = build_model(preset, form=form, scheme=scheme, layers=args.layers, device="cuda")
+    model = build_model(preset, form=form, scheme=scheme, layers=args.layers, device=DEVICE)
     wbytes = weight_bytes(model)
     report.clear_reports()
     torch._dynamo.reset()
@@ -250,9 +284,13 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
         runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context)
         key = (preset, form, batch)
         if scheme == "block" and key not in eager_logits:
+            runner.reset()
             with torch.compiler.set_stance("force_eager"):
                 eager_logits[key] = runner.step_fn()(*runner.args()).detach().float().clone()
         ms, logits = time_decode(runner, with_pass, args.steps, args.compile)
+        if args.compile == "regional":  # the compiled step's logits from the state the eager step started from
+            runner.reset()
+            logits = runner.step_fn()(*runner.args()).detach().float().clone()
         log(f"{preset} {form} {label} batch {batch}: {ms:.3f} ms/step ({time.monotonic() - t0:.0f} s with compile)")
         roof_ms = (wbytes + runner.kv_bytes()) / bw * 1e3
         err = err_eager = ""
@@ -295,17 +333,23 @@ def main(argv=None) -> int:
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--without", default="",
                    help="rewrites the +pass variant runs without, e.g. inline_norm,group_gemm (FusionConfig names)")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
     p.add_argument("--compile", choices=("regional", "full"), default="regional",
                    help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
                         "full: one torch.compile of the step with cudagraph trees")
     args = p.parse_args(argv)
+    if args.dry_run and args.compile != "regional":
+        raise SystemExit("--dry-run runs the regional compile only")
+    global DEVICE
+    DEVICE = "cpu" if args.dry_run else "cuda"
     engine.DECODE_ATTENTION = args.attention
     global PASS_CONFIG
     PASS_CONFIG = pass_config(args.without)
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)
-    bw = copy_bandwidth()
-    log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {torch.cuda.get_device_name()}")
+    bw = copy_bandwidth(dry_run=args.dry_run)
+    device_name = "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name()
+    log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}")
     rows: list[dict] = []
     for preset in args.presets.split(","):
         get_preset(preset)
