@@ -36,8 +36,11 @@ REASONS = {
     "producer_not_fusable": "the group_quant's input is not a norm or silu-mul output (e.g. attention -> o_proj)",
     "eps_graph_input": "eps became a runtime graph input (dynamic=True lifts Python floats); the fused op needs it",
     "unrecognized_spelling": "looks like a norm / silu but its graph spelling matches no registered pattern",
+    "inline_changes_output": "inline_norm: the aten ops would not stand in for the op's outputs one for one",
+    "operand_defined_later": "group_gemm: a weight or scale is computed after the group's first GEMM",
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
+    "m_above_small_m": "group_gemm: static M above the grouped kernel's rows; grouping would only add a copy",
     # runtime gates
     "disabled_by_config": "the fusion is switched off in FusionConfig",
     "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",

@@ -23,7 +23,7 @@ they are slices of one grouped output, in order, that concat is the grouped outp
 
 Runs after the fusions and the "why not" scan (which read each quant's GEMM consumers). Groups hold 2 or 3
 GEMMs (more are split into groups of 3) with the same out dtype and static N; a graph whose M is static and above
-the small-M range keeps its GEMMs separate (a note says so). Not bit-exact: the grouped launch
+the small-M range keeps its GEMMs separate (rejected: ``m_above_small_m``). Not bit-exact: the grouped launch
 may split K differently from the separate ones (deterministic mode keeps it off).
 """
 
@@ -152,12 +152,12 @@ def run(graph: Graph, report) -> None:
         shapes, dtype = _graph.shape_str(q=q), _graph.dtype_str(gemms[0])
         m = _rows_above_small_m(q)
         if m is not None:
-            report.notes.append(f"group_gemm: {gemms[0].name} left separate: M={m} is above the grouped "
-                                f"kernel's {SMALL_M_MAX} rows")
+            report.reject(NAME, gemms[0].name, "m_above_small_m", f"M={m} is above the grouped kernel's "
+                          f"{SMALL_M_MAX} rows: {len(gemms)} GEMMs left separate", shapes, dtype)  # fmt: skip
             continue
         try:
             detail = rewrite(graph, gemms)
         except _NotBefore as e:
-            report.notes.append(f"group_gemm: {gemms[0].name} left separate: {e}")
+            report.reject(NAME, gemms[0].name, "operand_defined_later", f"{e}: left separate", shapes, dtype)
             continue
         report.apply(NAME, gemms[0].name, shapes, dtype, detail)

@@ -17,9 +17,10 @@ eager semantics are the op's; Inductor's kernel may differ from the op's kernel 
 rounding (not bit-exact: deterministic mode keeps it off).
 
 Runs after the fusions and the "why not" scan, so every norm a fusion could take has been taken (or has its
-reason recorded) before the rest are inlined. Skipped, with nothing changed and a note in the report: a norm
-whose eps is a graph input (``dynamic=True`` lifted it), one on an fp16 / fp32 activation (such graphs are left
-alone, as by the fusions' dtype guard), and one whose inlined output would differ from the op's in dtype or shape.
+reason recorded) before the rest are inlined. Rejected, with nothing changed: a norm whose eps is a graph input
+(``eps_graph_input``: ``dynamic=True`` lifted it), one on an fp16 / fp32 activation (``dtype_not_bf16``: such
+graphs are left alone, as by the fusions' dtype guard), and one whose inlined output would differ from the op's
+in dtype or shape (``inline_changes_output``).
 
 Measured on the H200 profile (benchmarks/profile_step.py, engine form, batch 1): the q / k norm ops are two
 launches of ~2 us per layer; the HF form, whose norms are plain torch, runs its q / k norms fused into the RoPE
@@ -65,19 +66,21 @@ def _same(new: Node, old) -> bool:
         and v.dim() == old.dim()
 
 
-def inline(graph: Graph, node: Node) -> str | None:
-    """Replace one norm op by its aten ops. Returns None when done, else why the node was left as it is."""
+def inline(graph: Graph, node: Node) -> tuple[str, str] | None:
+    """Replace one norm op by its aten ops. Returns None when done, else (reason code, detail) for leaving it."""
     if node.target is RMS_NORM:
         x, w, eps = node.args[:3]
         residual = None
     else:
         x, residual, w, eps = node.args[:4]
     if isinstance(eps, Node):
-        return "eps is a graph input"
+        return "eps_graph_input", f"eps is the graph input {eps.name}: left as an op"
     if _graph.val(x).dtype != torch.bfloat16:
-        return f"{_graph.dtype_str(x)} activation: fp16 / fp32 graphs are left alone (bf16 only, as the fusions)"
+        return "dtype_not_bf16", (f"{_graph.dtype_str(x)} activation: fp16 / fp32 graphs are left alone (bf16 only, "
+                                  f"as the fusions)")  # fmt: skip
     if residual is not None and any(u.target is not operator.getitem for u in node.users):
-        return "a user takes the whole (y, residual) tuple"  # not seen: the op's outputs are unpacked
+        # not seen: the op's outputs are unpacked
+        return "inline_changes_output", "a user takes the whole (y, residual) tuple"
     old = node.meta.get("val")
     with _graph.Edit(graph, before=node) as e:
         if residual is None:
@@ -109,8 +112,8 @@ def run(graph: Graph, report) -> None:
         try:
             why = inline(graph, node)
         except _Mismatch as e:
-            why = str(e)
+            why = "inline_changes_output", str(e)
         if why is None:
             report.apply(NAME, node.name, shapes, dtype, "inlined as aten ops for Inductor to fuse")
         else:
-            report.notes.append(f"inline_norm: {node.name} left as an op: {why}")
+            report.reject(NAME, node.name, *why, shapes=shapes, dtype=dtype)

@@ -136,7 +136,9 @@ def test_static_prefill_graphs_keep_separate_gemms():
     (gm,) = capture(m, *example_inputs(m, 1, 65))  # 65 rows: above the small-M range
     r, out = run_pass(gm, GROUP)
     assert "group_gemm" not in r.counts() and count(out, ops.blockscale_mm_grouped.default) == 0
-    assert any("M=65 is above" in n for n in r.notes)
+    assert [(d.pattern, d.reason) for d in r.rejected if d.pattern == "group_gemm"] == [
+        ("group_gemm", "m_above_small_m")] * 2, r.render()  # q/k/v and gate/up of its one layer
+    assert all("M=65 is above" in d.detail for d in r.rejected if d.pattern == "group_gemm")
 
 
 def test_compiled_model_runs_the_grouped_triton_kernel(monkeypatch):

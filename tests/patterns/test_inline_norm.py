@@ -90,7 +90,8 @@ def test_fp16_fp32_norms_stay_ops(dtype):
     rep, out = run_pass(gm, INLINE)
     assert "inline_norm" not in rep.counts()
     assert count(out, ops.rms_norm.default) == 1 and count(out, ops.add_rms_norm.default) == 1
-    assert sum("fp16 / fp32 graphs are left alone" in n for n in rep.notes) == 2, rep.notes
+    rejected = [(d.pattern, d.reason) for d in rep.rejected if d.pattern == "inline_norm"]
+    assert rejected == [("inline_norm", "dtype_not_bf16")] * 2, rep.render()
 
 
 class _Norms(torch.nn.Module):
