@@ -174,3 +174,17 @@ def test_a_failing_whole_graph_rewrite_is_recorded_and_leaves_the_graph(hf_graph
         r, gm = run_pass(hf_graph, config)
     assert [e.pattern for e in r.errors] == [name] and name not in r.counts()
     assert r.counts()["silu_quant"] == LAYERS  # the other rewrites still ran
+
+
+def test_a_backend_without_a_grouped_kernel_keeps_separate_gemms(hf_graph, monkeypatch):
+    # ROCm: the separate GEMMs are aiter's, which has no grouped kernel; the grouped op would fall to Triton's
+    from fp8_fusion_pass.kernels import backends
+
+    real = backends.backend_for
+    monkeypatch.setattr(backends, "backend_for",
+                        lambda op, dev: "aiter" if op == "blockscale_mm" else real(op, dev))
+    r, gm = run_pass(hf_graph, GROUP)
+    assert "group_gemm" not in r.counts() and count(gm, ops.blockscale_mm_grouped.default) == 0
+    rejected = [d for d in r.rejected if d.pattern == "group_gemm"]
+    assert [d.reason for d in rejected] == ["no_fused_kernel"] * 2 * LAYERS, r.render()
+    assert "aiter backend, which has no grouped kernel" in rejected[0].detail
