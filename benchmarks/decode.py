@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import copy_bandwidth  # noqa: E402
 
 from fp8_fusion_pass import report  # noqa: E402
-from fp8_fusion_pass.config import FUSIONS, FusionConfig  # noqa: E402
+from fp8_fusion_pass.config import FusionConfig  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
 from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
@@ -71,11 +71,10 @@ PASS_CONFIG = FusionConfig()
 
 def pass_config(without: str) -> FusionConfig:
     """The default config with the comma-separated rewrites of ``--without`` switched off."""
-    off = [n.strip() for n in without.split(",") if n.strip()]
-    unknown = [n for n in off if n not in FUSIONS]
-    if unknown:
-        raise SystemExit(f"--without: unknown rewrite(s) {', '.join(unknown)}; known: {', '.join(FUSIONS)}")
-    return FusionConfig(**{n: False for n in off})
+    try:
+        return FusionConfig.without(without)
+    except ValueError as e:
+        raise SystemExit(f"--without: {e}") from None
 
 
 def pass_options(with_pass: bool) -> dict:

@@ -37,6 +37,8 @@ class Arch:
     blockwise_scaled_mm: bool
     # Per-tensor torch._scaled_mm (sm89+ and ROCm hipBLASLt).
     per_tensor_scaled_mm: bool
+    # Programmatic dependent launch: griddepcontrol and cp.async.bulk.prefetch (sm90+; kernels/triton/_pdl.py).
+    pdl: bool = False
 
     @property
     def is_rocm(self) -> bool:
@@ -66,7 +68,10 @@ def _cuda_arch(index: int) -> Arch:
                 return arch
         # An AMD arch we have no facts for: no fp8 kernels, fused ops fall back to the reference.
         return Arch("rocm", gcn or "rocm-unknown", torch.float8_e4m3fn, E4M3FN_MAX, -6, False, False, False)
-    major, minor = props.major, props.minor
+    return _nvidia(props.major, props.minor)
+
+
+def _nvidia(major: int, minor: int) -> Arch:
     fp8 = (major, minor) >= (8, 9)
     return Arch(
         "cuda",
@@ -77,6 +82,7 @@ def _cuda_arch(index: int) -> Arch:
         triton_fp8=fp8,
         blockwise_scaled_mm=major == 9,
         per_tensor_scaled_mm=fp8,
+        pdl=major >= 9,
     )
 
 
@@ -138,9 +144,7 @@ def simulate_arch(name: str) -> Iterator[Arch]:
     elif name == "cpu":
         arch = CPU
     elif name.startswith("sm"):
-        major, minor = int(name[2:-1]), int(name[-1])
-        fp8 = (major, minor) >= (8, 9)
-        arch = Arch("cuda", name, torch.float8_e4m3fn, E4M3FN_MAX, -6, fp8, major == 9, fp8)
+        arch = _nvidia(int(name[2:-1]), int(name[-1]))
     else:
         raise ValueError(f"unknown arch {name!r}; known: cpu, sm80, sm89, sm90, {', '.join(_ROCM_ARCHS)}")
     previous = getattr(_local, "simulated", None)

@@ -39,6 +39,13 @@ class FusionConfig:
         _check_names(wanted)
         return cls(**{f: f in wanted for f in FUSIONS}, **kwargs)
 
+    @classmethod
+    def without(cls, names: str | tuple[str, ...] | list[str], **kwargs) -> FusionConfig:
+        """The default config with the named rewrites off: ``FusionConfig.without("inline_norm,group_gemm")``."""
+        unwanted = _split(names)
+        _check_names(unwanted, source="FusionConfig.without")
+        return cls(**{f: False for f in unwanted}, **kwargs)
+
     def enabled(self, fusion: str) -> bool:
         """Is ``fusion`` on, after the environment override."""
         return getattr(self, fusion) and fusion not in self.env_disabled()

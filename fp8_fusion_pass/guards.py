@@ -146,6 +146,21 @@ def can_run_kernel(op: str, device: torch.device) -> Verdict:
     return OK
 
 
+def can_group_gemms(device: torch.device) -> Verdict:
+    """``blockscale_mm_grouped`` runs on the backend that runs the separate ``blockscale_mm``s. On ROCm those are
+    aiter's, which has no grouped kernel: the grouped op would fall to Triton's, measured on no AMD GPU."""
+    from .kernels import backends
+
+    try:
+        single, grouped = (backends.backend_for(op, device) for op in ("blockscale_mm", "blockscale_mm_grouped"))
+    except Exception as e:  # BackendUnavailable, or a backend that fails to import
+        return reject("no_fused_kernel", f"{type(e).__name__}: {e}")
+    if single != grouped:
+        return reject("no_fused_kernel", f"the GEMMs run on the {single} backend, which has no grouped kernel (it "
+                      f"would be {grouped}'s)")  # fmt: skip
+    return OK
+
+
 def can_eps(eps) -> Verdict:
     """eps is a number when the graph is compiled (the fused ops take it as a float). Under ``dynamic=True``
     Dynamo lifts Python floats into runtime graph inputs; then the norm stays unfused."""

@@ -34,6 +34,7 @@ from collections import defaultdict
 import torch
 from torch.fx import Graph, Node
 
+from .. import guards
 from . import _graph
 from ._graph import BLOCKSCALE_MM
 
@@ -146,29 +147,14 @@ def _rows_above_small_m(q: Node) -> int | None:
     return m if isinstance(m, int) and m > SMALL_M_MAX else None
 
 
-def _backend_mismatch(q: Node) -> str | None:
-    """Why the grouped op would not run where the separate GEMMs run, or None. On ROCm the separate GEMMs are
-    aiter's, which has no grouped kernel: the grouped op would fall to Triton's, measured on no AMD GPU."""
-    from ..kernels import backends
-
-    v = _graph.val(q)
-    device = v.device if isinstance(v, torch.Tensor) else torch.device("cpu")
-    try:
-        single, grouped = (backends.backend_for(op, device) for op in ("blockscale_mm", "blockscale_mm_grouped"))
-    except Exception as e:  # noqa: BLE001 - no backend at all: leave the GEMMs as they are
-        return f"{type(e).__name__}: {e}"
-    if single != grouped:
-        return f"the GEMMs run on the {single} backend, which has no grouped kernel (it would be {grouped}'s)"
-    return None
-
-
 def run(graph: Graph, report) -> None:
     for gemms in groups(graph):
         q = gemms[0].args[0]
         shapes, dtype = _graph.shape_str(q=q), _graph.dtype_str(gemms[0])
-        why = _backend_mismatch(q)
-        if why is not None:
-            report.reject(NAME, gemms[0].name, "no_fused_kernel", f"{why}: {len(gemms)} GEMMs left separate",
+        v = _graph.val(q)
+        verdict = guards.can_group_gemms(v.device if isinstance(v, torch.Tensor) else torch.device("cpu"))
+        if not verdict.ok:
+            report.reject(NAME, gemms[0].name, verdict.reason, f"{verdict.detail}: {len(gemms)} GEMMs left separate",
                           shapes, dtype)  # fmt: skip
             continue
         m = _rows_above_small_m(q)

@@ -38,6 +38,7 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
+from .. import guards
 from . import _graph
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -73,11 +74,11 @@ def inline(graph: Graph, node: Node) -> tuple[str, str] | None:
         residual = None
     else:
         x, residual, w, eps = node.args[:4]
-    if isinstance(eps, Node):
-        return "eps_graph_input", f"eps is the graph input {eps.name}: left as an op"
-    if _graph.val(x).dtype != torch.bfloat16:
-        return "dtype_not_bf16", (f"{_graph.dtype_str(x)} activation: fp16 / fp32 graphs are left alone (bf16 only, "
-                                  f"as the fusions)")  # fmt: skip
+    # The fusions' own guards: eps a compile-time float; bf16 only (fp16 / fp32 graphs are left alone)
+    res_val = _graph.val(residual) if residual is not None else None
+    for verdict in (guards.can_eps(eps), guards.can_dtype(_graph.val(x), residual=res_val)):
+        if not verdict.ok:
+            return verdict.reason, verdict.detail
     if residual is not None and any(u.target is not operator.getitem for u in node.users):
         # not seen: the op's outputs are unpacked
         return "inline_changes_output", "a user takes the whole (y, residual) tuple"

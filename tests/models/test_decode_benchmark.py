@@ -49,5 +49,5 @@ def test_without_switches_rewrites_off():
 
     config = decode.pass_config("inline_norm, group_gemm")
     assert not config.inline_norm and not config.group_gemm and config.norm_quant
-    with pytest.raises(SystemExit, match="unknown rewrite"):
+    with pytest.raises(SystemExit, match="unknown fusion"):
         decode.pass_config("inline_norms")

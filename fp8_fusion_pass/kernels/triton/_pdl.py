@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager
-from unittest import mock
 
 import torch
 import triton
@@ -46,15 +45,13 @@ from ... import arch as _arch
 
 ENV = "FP8_FUSION_PDL"
 PREFETCH_ENV = "FP8_FUSION_PDL_PREFETCH"
-MIN_SM_MAJOR = 9  # griddepcontrol and cp.async.bulk.prefetch: sm_90 (PTX ISA 7.8 / 8.0)
 
 
 def pdl_enabled(device: torch.device | str) -> bool:
     """True when ``FP8_FUSION_PDL=1``, ``device`` is CUDA with capability >= 9, and Triton is not interpreting."""
     if os.environ.get(ENV, "0") != "1" or _arch.triton_interpreting() or torch.device(device).type != "cuda":
         return False
-    a = _arch.arch_of(device)
-    return a.platform == "cuda" and a.name.startswith("sm") and int(a.name[2:-1]) >= MIN_SM_MAJOR
+    return _arch.arch_of(device).pdl
 
 
 def prefetch_enabled() -> bool:
@@ -76,6 +73,8 @@ def pdl_kwargs(device: torch.device | str) -> dict:
 def switched(on: bool, prefetch: bool = True) -> AbstractContextManager:
     """The launches inside see these switches. Tests and benchmarks only: it sets the process environment (and
     restores it on exit)."""
+    from unittest import mock  # not at import time: only tests and benchmarks switch
+
     return mock.patch.dict(os.environ, {ENV: "1" if on else "0", PREFETCH_ENV: "1" if prefetch else "0"})
 
 
