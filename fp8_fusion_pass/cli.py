@@ -26,6 +26,7 @@ from .cli_support import (
     make_fusion_pass,
     resolve_device,
 )
+from .config import FUSIONS
 
 _EPILOG = (
     "MODEL is a preset (qwen3-tiny, llama-tiny, qwen3-8b, ...: random weights, no download) or "
@@ -57,7 +58,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dynamic", action="store_true",
                    help="dynamic shapes, floats kept constant as fp8_fusion_pass.fuse(model, dynamic=True) does")
     p.add_argument("--only", metavar="A,B",
-                   help="enable only these fusions: norm_quant,silu_quant,dedup_quant,inline_norm,group_gemm,zero_fill")
+                   help="enable only these fusions: " + ",".join(FUSIONS))
 
 
 def build_parser() -> argparse.ArgumentParser:

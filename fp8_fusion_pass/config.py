@@ -10,7 +10,7 @@ import dataclasses
 import os
 
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
-FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "inline_norm", "group_gemm", "zero_fill")
+FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "inline_norm", "group_gemm", "gemm_silu_quant", "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 
@@ -27,6 +27,9 @@ class FusionConfig:
     # blockscale_mms of one quantized activation (HF q/k/v, gate/up)  =>  one blockscale_mm_grouped.
     # Not bit-exact (deterministic mode keeps it off); measured on the H200 (patterns/group_gemm.py).
     group_gemm: bool = True
+    # blockscale_mm (gate/up) -> silu_mul_group_quant  =>  one op, the silu-quant in the GEMM's epilogue at decode.
+    # Not bit-exact (deterministic mode keeps it off); measured on the H200 (patterns/gemm_silu_quant.py).
+    gemm_silu_quant: bool = True
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)
     # Honour FP8_FUSION_DISABLE from the environment at compile time.

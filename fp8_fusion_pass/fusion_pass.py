@@ -3,9 +3,9 @@
 Per call (one compiled graph): a fresh report; training graphs are left alone (with a note); duplicate quants
 collapse; the norm / silu fusions run as ``PatternMatcherPass`` entries anchored at ``group_quant``, each match
 judged by the guards and recorded (applied or rejected, with a reason); every norm / silu / quant still in the
-graph then gets its "why not"; the opt-in rewrites (leftover norms inlined, GEMMs of one activation grouped)
-follow; the zero-fill rewrite runs last. One INFO line per compile on the
-``fp8_fusion_pass`` logger. A guard or replacement that raises leaves its match unrewritten, warns once per
+graph then gets its "why not"; the whole-graph rewrites follow (leftover norms inlined, GEMMs of one activation
+grouped, gate/up GEMMs taking their silu-quant into their epilogue); the zero-fill rewrite runs last. One INFO
+line per compile on the ``fp8_fusion_pass`` logger. A guard or replacement that raises leaves its match unrewritten, warns once per
 kind of failure, and is recorded as an error: the compile itself never fails because of the pass.
 
 Patterns are traced once per process, lazily (the first compile that runs the pass), under a lock; only the
@@ -175,6 +175,7 @@ class _Run:
                                 ("why-not scan", self._explain),
                                 ("inline_norm", functools.partial(self._whole_graph_rewrite, "inline_norm")),
                                 ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
+                                ("gemm_silu_quant", functools.partial(self._whole_graph_rewrite, "gemm_silu_quant")),
                                 ("zero_fill", self._zero_fill)):
                 try:
                     stage()
@@ -223,7 +224,7 @@ class _Run:
 
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): inline_norm,
-        group_gemm. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
+        group_gemm, gemm_silu_quant. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
                                      self.deterministic).ok:

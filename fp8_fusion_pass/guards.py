@@ -30,7 +30,7 @@ REASONS = {
     "reshape_changes_last_dim": "a reshape between the producer and the quant changes the last dim",
     # legality: graph structure
     "consumer_not_blockscale_mm": "a quant output feeds something other than fp8_fusion.blockscale_mm",
-    "extra_consumer": "the norm / silu output also feeds a non-quant consumer (e.g. a bf16 GEMM)",
+    "extra_consumer": "the norm / silu (gemm_silu_quant: GEMM) output also feeds another consumer (e.g. a bf16 GEMM)",
     "multiple_quants": "the norm / silu output feeds several group_quants that were not collapsed into one",
     "no_quant_consumer": "the norm / silu output feeds no group_quant (e.g. the final norm -> bf16 lm_head)",
     "producer_not_fusable": "the group_quant's input is not a norm or silu-mul output (e.g. attention -> o_proj)",
@@ -40,7 +40,8 @@ REASONS = {
     "operand_defined_later": "group_gemm: a weight or scale is computed after the group's first GEMM",
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
-    "m_above_small_m": "group_gemm: static M above the grouped kernel's rows; grouping would only add a copy",
+    "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",
+    "unfused_pair_faster": "gemm_silu_quant: at this M and shape the GEMM and the silu-quant measured faster apart",
     # runtime gates
     "disabled_by_config": "the fusion is switched off in FusionConfig",
     "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",
@@ -149,15 +150,45 @@ def can_run_kernel(op: str, device: torch.device) -> Verdict:
 def can_group_gemms(device: torch.device) -> Verdict:
     """``blockscale_mm_grouped`` runs on the backend that runs the separate ``blockscale_mm``s. On ROCm those are
     aiter's, which has no grouped kernel: the grouped op would fall to Triton's, measured on no AMD GPU."""
+    return can_fuse_on_gemm_backend("blockscale_mm_grouped", "blockscale_mm", device)
+
+
+def can_fuse_on_gemm_backend(fused_op: str, gemm_op, device: torch.device) -> Verdict:
+    """The GEMM-based fused op ``fused_op`` runs on the backend that runs the GEMM it replaces (``gemm_op``: a name
+    or an OpOverload of ``fp8_fusion``); otherwise the fused launch would be another backend's (on ROCm: Triton's
+    instead of aiter's GEMM, measured on no AMD GPU)."""
     from .kernels import backends
 
+    gemm = gemm_op if isinstance(gemm_op, str) else gemm_op._schema.name.split("::")[-1]
     try:
-        single, grouped = (backends.backend_for(op, device) for op in ("blockscale_mm", "blockscale_mm_grouped"))
+        single, fused = (backends.backend_for(op, device) for op in (gemm, fused_op))
     except Exception as e:  # BackendUnavailable, or a backend that fails to import
         return reject("no_fused_kernel", f"{type(e).__name__}: {e}")
-    if single != grouped:
-        return reject("no_fused_kernel", f"the GEMMs run on the {single} backend, which has no grouped kernel (it "
-                      f"would be {grouped}'s)")  # fmt: skip
+    if single != fused:
+        return reject("no_fused_kernel", f"the GEMMs run on the {single} backend, which has no {fused_op} kernel "
+                      f"(it would be {fused}'s)")  # fmt: skip
+    return OK
+
+
+# The GEMM-epilogue and grouped kernels are small-M (decode) kernels: kernels/triton/blockscale_mm.SMALL_M_MAX.
+SMALL_M_MAX = 64
+
+
+def should_fuse_gemm_epilogue(q, x_scale, weights, out_dtype: torch.dtype, group_size: int) -> Verdict:
+    """At a static M, the Triton fused gate/up GEMM + silu-quant runs its own launch (its measured table does not
+    prefer the unfused pair, and the kernel takes the shape); other backends compose the same ops."""
+    from .kernels import backends
+
+    if backends.backend_for("blockscale_mm_silu_mul_group_quant", q.device) != "triton":
+        return OK
+    from .kernels.triton import blockscale_mm_silu_quant as fused
+
+    m, k = q.shape
+    i = sum(w.shape[0] for w in weights) // 2
+    a = _arch.arch_of(q.device)
+    if fused.fused_config(a, q.device.type, q.dtype, m, i, k, k // x_scale.shape[1], group_size, out_dtype) is None:
+        return reject("unfused_pair_faster", f"M={m}, I={i}, K={k} on {a.name}: blockscale_mm_silu_quant.TABLE "
+                      "(or the kernel's shape limits) keeps the GEMM and the silu-quant as two launches")
     return OK
 
 

@@ -32,7 +32,7 @@ TIMEOUT_S = 300  # one example; 52 s the slowest measured on the loaded box
 # sites, q/k/v and gate/up each collapse to one quant (2 + 1 dropped quants per layer); rejected: q_norm and
 # k_norm of each layer and the final norm feed no quant (5), the attention output feeding o_proj (2).
 HF_QWEN3_2L = {"norm_quant": 1, "add_norm_quant": 3, "silu_quant": 2, "dedup_quant": 6, "group_gemm": 4,
-               "fills_stripped": 0, "fills_kept": 0, "rejected": 7, "errors": 0}
+               "gemm_silu_quant": 2, "fills_stripped": 0, "fills_kept": 0, "rejected": 7, "errors": 0}
 
 
 def run_example(name: str, *args: str) -> str:
@@ -80,8 +80,8 @@ def test_compile_hf_qwen3():
 def test_decorator():
     out = run_example("decorator.py")
     assert dicts_after("decorated class fused counts:", out) == [
-        {"add_norm_quant": 1, "dedup_quant": 1, "group_gemm": 1, "norm_quant": 1, "silu_quant": 1,
-         "fills_stripped": 0, "fills_kept": 0, "rejected": 0, "errors": 0}]
+        {"add_norm_quant": 1, "dedup_quant": 1, "gemm_silu_quant": 1, "group_gemm": 1, "norm_quant": 1,
+         "silu_quant": 1, "fills_stripped": 0, "fills_kept": 0, "rejected": 0, "errors": 0}]
     assert dicts_after("instance fused counts:", out) == [
         {"norm_quant": 1, "fills_stripped": 0, "fills_kept": 0, "rejected": 0, "errors": 0}]
     check_errors_small(out, 2)
@@ -103,8 +103,8 @@ def test_engine_model():
     out = run_example("engine_model.py")
     # merged qkv / gate_up: one quant per norm output already, so nothing to dedup or group; the q / k norms of
     # both layers and the final norm have no quant consumer and are inlined
-    assert dicts_after("fused counts:", out) == [{"add_norm_quant": 3, "inline_norm": 5, "norm_quant": 1,
-                                                  "silu_quant": 2, "fills_stripped": 0, "fills_kept": 0,
+    assert dicts_after("fused counts:", out) == [{"add_norm_quant": 3, "gemm_silu_quant": 2, "inline_norm": 5,
+                                                  "norm_quant": 1, "silu_quant": 2, "fills_stripped": 0, "fills_kept": 0,
                                                   "rejected": 7, "errors": 0}]
     assert "qkv_proj BlockFP8Linear(in_features=256, out_features=1024" in out
     check_errors_small(out, 1)

@@ -95,6 +95,22 @@ def blockscale_mm_grouped_args(op, q, x_scale, w_qs, w_scales, out_dtype) -> Non
         blockscale_mm_args(op, q, x_scale, w_q, w_scale, out_dtype)
 
 
+def gate_up_mm_args(op, q, x_scale, w_qs, w_scales, out_dtype, group: int) -> int:
+    """The gate/up GEMM of ``blockscale_mm_silu_mul_group_quant``: one merged ``[2I, K]`` weight or gate and up
+    ``[I, K]``, each a valid block-scale GEMM with q; I a multiple of the output group. Returns I."""
+    if not isinstance(w_qs, (list, tuple)) or not isinstance(w_scales, (list, tuple)):
+        raise TypeError(f"{op}: w_qs and w_scales must be lists of tensors")
+    if len(w_qs) not in (1, 2):
+        raise ValueError(f"{op}: takes one merged gate_up weight or gate and up, got {len(w_qs)} weights")
+    blockscale_mm_grouped_args(op, q, x_scale, w_qs, w_scales, out_dtype)
+    ns = [w.shape[0] for w in w_qs]
+    if len(ns) == 1 and ns[0] % 2 or len(ns) == 2 and ns[0] != ns[1]:
+        raise ValueError(f"{op}: gate and up must have one N (a merged weight an even N), got N = {ns}")
+    i = sum(ns) // 2
+    group_size(op, i, group)
+    return i
+
+
 def per_tensor_mm_args(op, q, x_scale, w_q, w_scale, out_dtype) -> None:
     if q.dtype not in FP8_DTYPES or w_q.dtype != q.dtype:
         raise TypeError(f"{op}: q and w_q must share one fp8 dtype, got {q.dtype} and {w_q.dtype}")

@@ -16,6 +16,8 @@ Outputs (``x [..., K]``, ``g = group_size``):
   rms_norm_group_quant(x, w, eps, g)                 -> (q, scale)
   add_rms_norm_group_quant(x, residual, w, eps, g)   -> (q, scale, residual_out)
   silu_mul_group_quant(x [..., 2I], g)               -> (q [..., I], scale [..., I/g])
+  blockscale_mm_silu_mul_group_quant(q [M,K], x_scale, [w_q [2I,K]] or [w_gate, w_up], [w_scale_i], out_dtype, g)
+                                                     -> (q [M, I], scale [M, I/g])
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -206,6 +208,25 @@ def _(x, group_size=DEFAULT_GROUP_SIZE):
     return _quant_outputs(x.new_empty((*x.shape[:-1], x.shape[-1] // 2)), group_size)
 
 
+@custom_op(f"{NS}::blockscale_mm_silu_mul_group_quant", mutates_args=())
+def blockscale_mm_silu_mul_group_quant(q: Tensor, x_scale: Tensor, w_qs: list[Tensor], w_scales: list[Tensor],
+                                       out_dtype: torch.dtype, group_size: int = DEFAULT_GROUP_SIZE
+                                       ) -> tuple[Tensor, Tensor]:
+    """``silu_mul_group_quant(blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype), group_size)``: the
+    gate/up GEMM with the down projection's input quant in its epilogue (``kernels/triton/
+    blockscale_mm_silu_quant.py``). ``w_qs``: one merged ``[2I, K]`` weight (gate rows first) or gate and up."""
+    checks.gate_up_mm_args("blockscale_mm_silu_mul_group_quant", q, x_scale, w_qs, w_scales, out_dtype, group_size)
+    return _kernel("blockscale_mm_silu_mul_group_quant", q)(q, x_scale, list(w_qs), list(w_scales), out_dtype,
+                                                             group_size)
+
+
+@blockscale_mm_silu_mul_group_quant.register_fake
+def _(q, x_scale, w_qs, w_scales, out_dtype, group_size=DEFAULT_GROUP_SIZE):
+    i = checks.gate_up_mm_args("blockscale_mm_silu_mul_group_quant", q, x_scale, w_qs, w_scales, out_dtype,
+                               group_size)
+    return _quant_outputs(q.new_empty((q.shape[0], i), dtype=out_dtype), group_size)
+
+
 # ---------------------------------------------------------------- mutating (the zero-fill case)
 
 
@@ -232,5 +253,6 @@ def _(out, x, scale):
 
 
 UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm")
-FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped")
+FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
+         "blockscale_mm_silu_mul_group_quant")
 MUTATING = ("dynamic_per_tensor_quant",)

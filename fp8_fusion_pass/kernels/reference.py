@@ -99,6 +99,13 @@ def blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype: torch.dtype) ->
     return torch.cat([blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)], dim=-1)
 
 
+def blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype, group_size, fp8_dtype, fp8_max):
+    """The gate/up GEMM (one merged ``[2I, K]`` weight or gate and up ``[I, K]``) in out_dtype, then
+    ``silu_mul_group_quant``: the unfused pair the fused op stands for."""
+    return silu_mul_group_quant(blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype), group_size, fp8_dtype,
+                                fp8_max)
+
+
 def per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float):
     """Dynamic per-tensor quant: one scale for the whole tensor. Returns ``(q, scale[1])``."""
     xf = x.to(torch.float32)

@@ -34,6 +34,10 @@ def silu_mul_group_quant(x, group_size):
     return ref.silu_mul_group_quant(x, group_size, *_fp8(x))
 
 
+def blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype, group_size):
+    return ref.blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype, group_size, *_fp8(q))
+
+
 def dynamic_per_tensor_quant(out, x, scale):
     # Overwrites ``scale`` (never reads it): the scale-semantics registry records this op as "overwrites".
     q, s = ref.per_tensor_quant(x, *_fp8(x))
@@ -53,5 +57,6 @@ def kernels() -> dict:
         "rms_norm_group_quant": rms_norm_group_quant,
         "add_rms_norm_group_quant": add_rms_norm_group_quant,
         "silu_mul_group_quant": silu_mul_group_quant,
+        "blockscale_mm_silu_mul_group_quant": blockscale_mm_silu_mul_group_quant,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

@@ -23,7 +23,8 @@ import dataclasses
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-FUSED_OPS = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant")
+from ..kernels.ops import FUSED as FUSED_OPS  # every op the pass swaps in, GEMM-based ones included
+
 # Ops that only reinterpret their first argument: reading through them still reads the same values.
 _VIEWS = {"view", "reshape", "_unsafe_view", "alias", "squeeze", "unsqueeze", "expand", "contiguous", "clone"}
 

@@ -33,6 +33,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("inline_norm", "inline_norm", "inline_norm", None, False),
     # blockscale_mm x 2-3 of one (q, scale)  ->  blockscale_mm_grouped + slices
     Fusion("group_gemm", "group_gemm", "group_gemm", "blockscale_mm_grouped", False),
+    # blockscale_mm (or grouped gate / up) -> silu_mul_group_quant  ->  blockscale_mm_silu_mul_group_quant
+    Fusion("gemm_silu_quant", "gemm_silu_quant", "gemm_silu_quant", "blockscale_mm_silu_mul_group_quant", False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

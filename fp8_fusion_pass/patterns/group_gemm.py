@@ -136,9 +136,9 @@ class _NotBefore(ValueError):
     pass
 
 
-# The grouped launch is a small-M kernel (kernels/triton/blockscale_mm.SMALL_M_MAX); above this many rows the op
-# concatenates separate GEMMs, one extra copy for nothing, so a graph whose M is known to be larger keeps them.
-SMALL_M_MAX = 64
+# The grouped launch is a small-M kernel (guards.SMALL_M_MAX); above that many rows the op concatenates separate
+# GEMMs, one extra copy for nothing, so a graph whose M is known to be larger keeps them.
+SMALL_M_MAX = guards.SMALL_M_MAX
 
 
 def _rows_above_small_m(q: Node) -> int | None:

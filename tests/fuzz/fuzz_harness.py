@@ -151,7 +151,16 @@ FUSED = {
     "norm_quant": ops.rms_norm_group_quant.default,
     "add_norm_quant": ops.add_rms_norm_group_quant.default,
     "silu_quant": ops.silu_mul_group_quant.default,
+    "gemm_silu_quant": ops.blockscale_mm_silu_mul_group_quant.default,
 }
+# A fused op that a later rewrite takes into its own: each gemm_silu_quant replaces one silu_quant's op.
+ABSORBED_BY = {"silu_quant": "gemm_silu_quant"}
+
+
+def fused_op_count(report: report_mod.FusionReport, name: str) -> int:
+    """How many of ``name``'s fused ops the graph holds after the pass, by the report."""
+    counts = report.counts()
+    return counts.get(name, 0) - counts.get(ABSORBED_BY.get(name, ""), 0)
 
 
 def _is_silu(node: Node) -> bool:

@@ -116,8 +116,20 @@ SCRIPT = textwrap.dedent(
                  EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on)
         name = f"small_m{' PDL' if pdl_on else ''} quant_a={quant_a} mode={mode} fma={fma} groups={groups}"
         out[name] = build(smk._small_m_kernel, sig, c, 4)
+    # the gate/up GEMM with the SiLU-and-mul and group quant in its epilogue (_small_m_silu_kernels.py): one
+    # program's whole sum, the last split's, and with PDL
+    from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
+    SILU = {"a_ptr": "*fp8e4nv", "bg_ptr": "*fp8e4nv", "bu_ptr": "*fp8e4nv", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32",
+            "p_ptr": "*fp32", "cnt_ptr": "*i32", "as_ptr": "*fp32", "bgs_ptr": "*fp32", "bus_ptr": "*fp32",
+            **{n: "i32" for n in ("M", "I", "K", "stride_am", "stride_bn", "stride_asm", "stride_ask", "stride_bsn",
+                                  "stride_bsk", "k_tiles_per_split")}}
+    for mode, block_m, pdl_on in [(0, 16, False), (2, 16, False), (2, 64, True)]:
+        c = dict(GROUP_K=128, SCALE_BLOCK=128, OUT_DTYPE=tl.bfloat16, G=128, BLOCK_M=block_m, BLOCK_N=128,
+                 BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=pdl_on)
+        out[f"small_m_silu{' PDL' if pdl_on else ''} mode={mode} block_m={block_m}"] = build(
+            sms._small_m_silu_quant_kernel, SILU, c, 8)
     RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}
-    out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, PDL=True), 4)
+    out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, EMULATE_CAST=False, PDL=True), 4)
     from fp8_fusion_pass.kernels.triton import _blockscale_kernels as bk
     TILED = {n: MM[n] for n in ("a_ptr", "b_ptr", "c_ptr", "as_ptr", "bs_ptr", "M", "N", "K", "stride_am",
              "stride_bn", "stride_cm", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")}
@@ -151,13 +163,13 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
-    assert len(result) == 24, sorted(result)
-    # norm, silu, group_quant, small-M x 2, split-K sum, tiled
-    assert len(pdl) == 7 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
+    assert len(result) == 27, sorted(result)
+    # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
+    assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():
         assert facts["wait"] and facts["launch_after_wait"], f"{name}: griddepcontrol missing or out of order"
         assert facts["early"] == [], f"{name}: global memory accessed before griddepcontrol.wait: {facts['early']}"
-        assert facts["prefetch"] == (1 if "_small_m_kernel" in name else 0), f"{name}: {facts['prefetch']} prefetches"
+        assert facts["prefetch"] == (1 if "_small_m_kernel " in name else 0), f"{name}: {facts['prefetch']} prefetches"
     for name, full_tile_conversions in result.items():
         if name.startswith("norm") and "residual=False" in name and "one_pass=True" in name:
             assert full_tile_conversions == [], f"{name}: rows move through shared memory: {full_tile_conversions}"

@@ -265,7 +265,8 @@ def check_collectives(res: dict) -> None:
     # Every add+norm+quant reads the summed tensor (the wait_tensor's output), never a per-rank partial.
     assert fused.count(("add_rms_norm_group_quant", "wait_tensor")) == 2 * LAYERS - 1, fused
     assert [f for f in fused if f[0] == "add_rms_norm_group_quant" and f[1] != "wait_tensor"] == []
-    assert sum(f[0] == "silu_mul_group_quant" for f in fused) == LAYERS
+    # each layer's silu-quant runs in its gate_up GEMM's epilogue (gemm_silu_quant)
+    assert sum(f[0] == "blockscale_mm_silu_mul_group_quant" for f in fused) == LAYERS
     assert sum(f[0] == "rms_norm_group_quant" for f in fused) == 1
 
 

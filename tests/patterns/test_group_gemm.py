@@ -187,4 +187,4 @@ def test_a_backend_without_a_grouped_kernel_keeps_separate_gemms(hf_graph, monke
     assert "group_gemm" not in r.counts() and count(gm, ops.blockscale_mm_grouped.default) == 0
     rejected = [d for d in r.rejected if d.pattern == "group_gemm"]
     assert [d.reason for d in rejected] == ["no_fused_kernel"] * 2 * LAYERS, r.render()
-    assert "aiter backend, which has no grouped kernel" in rejected[0].detail
+    assert "aiter backend, which has no blockscale_mm_grouped kernel" in rejected[0].detail

@@ -11,6 +11,7 @@ def kernels() -> dict:
     from .add_rms_norm import add_rms_norm
     from .blockscale_mm import blockscale_mm
     from .blockscale_mm_grouped import blockscale_mm_grouped
+    from .blockscale_mm_silu_quant import blockscale_mm_silu_mul_group_quant
     from .dynamic_per_tensor_quant import dynamic_per_tensor_quant
     from .group_quant import group_quant
     from .per_tensor_mm import per_tensor_mm
@@ -30,5 +31,6 @@ def kernels() -> dict:
         "rms_norm_group_quant": rms_norm_group_quant,
         "add_rms_norm_group_quant": add_rms_norm_group_quant,
         "silu_mul_group_quant": silu_mul_group_quant,
+        "blockscale_mm_silu_mul_group_quant": blockscale_mm_silu_mul_group_quant,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

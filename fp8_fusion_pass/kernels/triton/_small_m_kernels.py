@@ -92,7 +92,7 @@ import triton.language as tl
 from ... import arch as _arch
 from . import _pdl
 from ._blockscale_kernels import SCALE_BLOCK, promotion_block
-from ._fp8 import amax_nan, cast_fp8, div_by_scale, fp8_constexprs, reciprocal_of, scale_of, to_fp32
+from ._fp8 import amax_nan, cast_fp8, div_by_scale, fp8_constexprs, reciprocal_of, round_to, scale_of, to_fp32
 from ._pdl import prefetch_l2, wait_then_launch
 
 REDUCES = ("kernel", "last")
@@ -146,6 +146,60 @@ def _x_tile(x_ptrs, xs_ptrs, k0, stride_ask, fp8_dtype: tl.constexpr, GROUP_K: t
     # One return: with two, Triton types both even though the constexpr branch is pruned, and a bf16 a_ptr
     # makes the loaded branch bf16 ("Return type mismatch", the CompilationError seen on Triton 3.6 and 3.9).
     return x, scale
+
+
+@triton.jit
+def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, fp8_dtype: tl.constexpr,
+            GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
+            FMA: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):  # fmt: skip
+    """``acc [rows, BLOCK_M]`` += the weight rows' K tiles ``[kt_start, kt_end)`` times the activation's, each
+    tile's product promoted by its weight-scale and activation-scale pair (the GEMM's one K loop, shared by
+    ``_small_m_kernel`` and the SiLU-quant epilogue kernel, ``_small_m_silu_kernels.py``)."""
+    for kt in range(kt_start, kt_end, K_UNROLL):
+        for u in tl.static_range(K_UNROLL):
+            k0 = (kt + u) * BLOCK_K
+            w = tl.load(w_ptrs + u * BLOCK_K)
+            w_s = tl.load(ws_ptrs + (k0 // SCALE_BLOCK) * stride_bsk)
+            x, x_s = _x_tile(x_ptrs + u * BLOCK_K, xs_ptrs, k0, stride_ask, fp8_dtype, GROUP_K, QUANT_A, FP8_MAX,
+                             FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+            if FMA:
+                part = tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
+            else:
+                part = tl.dot(w, x)
+            acc += part * w_s[:, None] * x_s[None, :]
+        w_ptrs += K_UNROLL * BLOCK_K
+        x_ptrs += K_UNROLL * BLOCK_K
+    return acc
+
+
+@triton.jit
+def _last_split(cnt_ptr, tile):
+    """True in the program that arrives last among its output tile's splits: then every partial is visible.
+    Memory order: this program's partial stores -> CTA barrier -> acq_rel gpu-scope ticket (see the docstring)."""
+    tl.debug_barrier()  # every thread's partial is stored before the ticket releases them
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    return ticket == tl.num_programs(1) - 1
+
+
+@triton.jit
+def _sum_partials(p_ptrs, mask, mn, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The sum of the tile's ``num_programs(1)`` fp32 partials (``p_ptrs`` at split 0, ``mn`` apart), in split
+    order, as ``_splitk_reduce_kernel`` adds them: the two sums are bitwise equal."""
+    split = tl.num_programs(1)
+    total = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
+    # Four partials' loads in flight before their adds (one L2 round trip, ~0.6 us, per four splits instead of
+    # per split); the adds keep _splitk_reduce_kernel's order: ((0 + p0) + p1) + ..., and a missing split adds
+    # +0.0, which changes no sum. Loads are .cg: from L2, never a stale L1 line.
+    for s in range(0, split, 4):
+        sv = s + tl.zeros((ROWS, BLOCK_M), dtype=tl.int32)  # a tensor: the interpreter mis-types a block mask &
+        # a scalar condition (int, "mask has unsupported dtype")
+        p0 = tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+        p1 = tl.load(p_ptrs + (s + 1) * mn, mask=mask & (sv + 1 < split), other=0.0, cache_modifier=".cg")
+        p2 = tl.load(p_ptrs + (s + 2) * mn, mask=mask & (sv + 2 < split), other=0.0, cache_modifier=".cg")
+        p3 = tl.load(p_ptrs + (s + 3) * mn, mask=mask & (sv + 3 < split), other=0.0, cache_modifier=".cg")
+        total = (((total + p0) + p1) + p2) + p3
+    return total
 
 
 @triton.jit
@@ -230,21 +284,9 @@ def _small_m_kernel(
                         tl.minimum(kt_end - kt_start, PREFETCH_TILES) * BLOCK_K)  # fmt: skip
         tl.extra.cuda.gdc_wait()  # before the first activation load and any store
 
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # out^T tile
-    for kt in range(kt_start, kt_end, K_UNROLL):
-        for u in tl.static_range(K_UNROLL):
-            k0 = (kt + u) * BLOCK_K
-            w = tl.load(w_ptrs + u * BLOCK_K)
-            w_s = tl.load(ws_ptrs + (k0 // SCALE_BLOCK) * stride_bsk)
-            x, x_s = _x_tile(x_ptrs + u * BLOCK_K, xs_ptrs, k0, stride_ask, b_ptr.dtype.element_ty, GROUP_K,
-                             QUANT_A, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
-            if FMA:
-                part = tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
-            else:
-                part = tl.dot(w, x)
-            acc += part * w_s[:, None] * x_s[None, :]
-        w_ptrs += K_UNROLL * BLOCK_K
-        x_ptrs += K_UNROLL * BLOCK_K
+    acc = _k_loop(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), w_ptrs, ws_ptrs, x_ptrs, xs_ptrs,
+                  kt_start, kt_end, stride_bsk, stride_ask, b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K,
+                  K_UNROLL, FMA, QUANT_A, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # out^T tile; fmt: skip
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # after the loop, not at the top (measured: module docstring, 10)
 
@@ -254,31 +296,17 @@ def _small_m_kernel(
         cols = col0 + offs_n
     c_ptrs = c_ptr + offs_m.to(tl.int64)[None, :] * stride_cm + cols[:, None]
     mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
-    if MODE == 0:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if MODE == 0:  # round_to: the interpreter's own bf16 cast truncates (_fp8.py); on a GPU it is the same cast
+        tl.store(c_ptrs, round_to(acc, c_ptr.dtype.element_ty, EMULATE_CAST), mask=mask)
     else:
         mn = M.to(tl.int64) * n_out  # partials span the concatenated output
         p_ptrs = p_ptr + offs_m.to(tl.int64)[None, :] * n_out + cols[:, None]
         tl.store(p_ptrs + pid_s * mn, acc, mask=mask)
         if MODE == 2:
-            tl.debug_barrier()  # every thread's partial is stored before the ticket releases them
             tile = pid_m * tl.num_programs(0) + pid_n
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == tl.num_programs(1) - 1:  # the last of the tile's splits: all partials are visible
-                split = tl.num_programs(1)
-                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                # Four partials' loads in flight before their adds (one L2 round trip, ~0.6 us, per four splits
-                # instead of per split); the adds keep _splitk_reduce_kernel's order: ((0 + p0) + p1) + ...,
-                # and a missing split adds +0.0, which changes no sum.
-                for s in range(0, split, 4):
-                    sv = s + tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)  # a tensor: the interpreter mis-types
-                    # a block mask & a scalar condition (int, "mask has unsupported dtype")
-                    p0 = tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
-                    p1 = tl.load(p_ptrs + (s + 1) * mn, mask=mask & (sv + 1 < split), other=0.0, cache_modifier=".cg")
-                    p2 = tl.load(p_ptrs + (s + 2) * mn, mask=mask & (sv + 2 < split), other=0.0, cache_modifier=".cg")
-                    p3 = tl.load(p_ptrs + (s + 3) * mn, mask=mask & (sv + 3 < split), other=0.0, cache_modifier=".cg")
-                    total = (((total + p0) + p1) + p2) + p3
-                tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+            if _last_split(cnt_ptr, tile):
+                total = _sum_partials(p_ptrs, mask, mn, BLOCK_N, BLOCK_M)
+                tl.store(c_ptrs, round_to(total, c_ptr.dtype.element_ty, EMULATE_CAST), mask=mask)
                 tl.store(cnt_ptr + tile, 0)  # ready for the next launch (stream order makes it visible)
 
 
@@ -289,6 +317,7 @@ def _splitk_reduce_kernel(
     MN,
     SPLIT,
     BLOCK: tl.constexpr,
+    EMULATE_CAST: tl.constexpr,  # interpreting: round_to does the bf16 rounding (_fp8.py)
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py)
 ):
     wait_then_launch(PDL)  # the partials are the previous grid's
@@ -297,7 +326,7 @@ def _splitk_reduce_kernel(
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(SPLIT):  # fixed order: the result does not depend on scheduling
         acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs, round_to(acc, c_ptr.dtype.element_ty, EMULATE_CAST), mask=mask)
 
 
 # ---------------------------------------------------------------- launch helpers
@@ -415,7 +444,8 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
     )  # fmt: skip
     if mode == 1:
         block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](partials, out, m * n, split, BLOCK=block, PDL=pdl,
+        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](partials, out, m * n, split, BLOCK=block,
+                                                            EMULATE_CAST=_arch.triton_interpreting(), PDL=pdl,
                                                             num_warps=4, **_pdl.launch_kwargs(pdl))  # fmt: skip
     return out
 

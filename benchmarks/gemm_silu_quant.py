@@ -1,0 +1,186 @@
+"""The gate/up GEMM with the silu-quant in its epilogue against the two launches it replaces, and the rows of
+``blockscale_mm_silu_quant.TABLE`` that they imply.
+
+    python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64 --json gemm_silu.json
+    python benchmarks/gemm_silu_quant.py --dry-run        # CPU, Triton interpreter, one tiny shape: checks the script
+
+For the merged gate_up shapes of Qwen3-8B, Llama-3.1-8B and Qwen3-32B (I x K) at decode row counts:
+- "unfused": ``blockscale_mm`` (its TABLE choice for the merged [2I, K] shape) then ``silu_mul_group_quant``,
+  what the graph runs without ``gemm_silu_quant``;
+- "fused": ``small_m_mm_silu_quant`` over a sweep of configs (128 output columns per program; warps, stages and
+  split-K at ~66-396 programs), each first checked against the reference (the dequantized outputs within
+  ``CHECK_REL_ERR``) and, with split-K, for bitwise repeatability (RACY otherwise): never chosen if it fails;
+- the roofline: weight + scale bytes, the activation, and the fp8 output with its scales, over the copy bandwidth.
+Timing as ``benchmarks/gemm.py``: CUDA-graph replays cycling weight copies beyond 3x the 50 MB L2, medians.
+A TABLE row names the best fused config where it beat the unfused pair by more than ``MARGIN``, else None.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if "--dry-run" in sys.argv:  # must precede the first triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+from _timing import copy_bandwidth, time_graph
+from tabulate import tabulate
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
+
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig, split_plan
+from fp8_fusion_pass.kernels.triton._small_m_silu_kernels import small_m_mm_silu_quant
+from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_quant
+
+# (name, I, K): gate_up [2I, K] of each model at TP1 (the engine form's merged weight).
+SHAPES = [("qwen3-8b gate_up", 12288, 4096), ("llama3.1-8b gate_up", 14336, 4096), ("qwen3-32b gate_up", 25600, 5120)]
+FAMILIES = [(128, 4, 3), (128, 8, 3), (128, 8, 4), (128, 8, 2), (128, 4, 4)]  # (block_n, warps, stages)
+PROGRAM_TARGETS = (66, 132, 264, 396)
+DEVICE = "cuda"  # "cpu" under --dry-run
+ROTATE_BYTES = 150e6
+CHECK_REL_ERR = 2e-2  # of the dequantized output; a wrong kernel is off by > 0.3, one fp8 step is ~6%, rarely
+REPEATS = 3
+MARGIN = 0.02  # fused must beat the unfused pair by more than this to get a TABLE row (run-to-run noise ~2%)
+G = 128
+
+
+def log(msg: str) -> None:
+    print(f"[gemm_silu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def candidates(i: int, k: int, families=FAMILIES) -> list[SmallMConfig]:
+    k_tiles = k // 128
+    out = []
+    for block_n, warps, stages in families:
+        n_tiles = math.ceil(i / block_n)
+        splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), 1)[0] for t in PROGRAM_TARGETS}
+        out += [SmallMConfig(block_n, s, warps, stages, "last") for s in sorted(splits)]
+    return list(dict.fromkeys(out))
+
+
+class Shape:
+    def __init__(self, i: int, k: int):
+        self.i, self.k = i, k
+        fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
+        self.copies = max(2, math.ceil(ROTATE_BYTES / (2 * i * k)))
+        w = torch.randn(2 * i, k, device=DEVICE, dtype=torch.bfloat16) * 0.05
+        self.w8 = [ref.quantize_weight_blockwise(w.roll(c, 0), (128, 128), fp8, fp8_max) for c in range(self.copies)]
+
+    def halves(self, c: int):
+        w, s = self.w8[c]
+        i = self.i
+        return w[:i], s[: i // 128], w[i:], s[i // 128:]
+
+    def roofline_us(self, m: int, bw: float) -> float:
+        i, k = self.i, self.k
+        nbytes = 2 * i * k + (2 * i // 128) * (k // 128) * 4 + m * k + m * (k // 128) * 4 + m * i + m * (i // G) * 4
+        return nbytes / bw * 1e6
+
+
+def _dequant(out):
+    return ref.dequant_activation(*out).double()
+
+
+def timed(what: str, call, want, copies: int, repeatable: bool) -> float | str:
+    try:
+        out = call(0)
+        again = [call(0) for _ in range(REPEATS if repeatable else 0)]
+    except (ValueError, RuntimeError, OutOfResources, CompilationError) as e:
+        log(f"  {what}: n/a ({str(e).splitlines()[0][:100]})")
+        return "n/a"
+    if out is None:
+        return "n/a"
+    err = ((_dequant(out) - want).norm() / want.norm()).item()
+    if not err <= CHECK_REL_ERR:
+        log(f"  {what}: WRONG (rel err {err:.3g})")
+        return "WRONG"
+    if not all(torch.equal(out[0].view(torch.uint8), o[0].view(torch.uint8)) and torch.equal(out[1], o[1])
+               for o in again):  # fmt: skip
+        log(f"  {what}: RACY")
+        return "RACY"
+    return time_graph(call, copies, DEVICE == "cpu")
+
+
+def run_point(name: str, shape: Shape, m: int, families, bw: float, a: arch.Arch) -> tuple[dict, str]:
+    x = torch.randn(m, shape.k, device=DEVICE, dtype=torch.bfloat16)
+    q, xs = ref.group_quant(x, 128, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
+    w, s = shape.w8[0]
+    want = _dequant(ref.silu_mul_group_quant(ref.blockscale_mm(q, xs, w, s, torch.bfloat16), G,
+                                             arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)))  # fmt: skip
+    unfused = timed("unfused", lambda c: silu_mul_group_quant(bm.blockscale_mm(q, xs, *shape.w8[c], torch.bfloat16),
+                                                              G), want, shape.copies, False)  # fmt: skip
+    fused = {}
+    for cfg in candidates(shape.i, shape.k, families):
+        call = lambda c, cfg=cfg: small_m_mm_silu_quant(q, xs, *shape.halves(c), torch.bfloat16, G, cfg)
+        fused[cfg] = timed(f"fused {cfg}", call, want, shape.copies, cfg.split_k > 1)
+    ok = {c: t for c, t in fused.items() if isinstance(t, float)}
+    best = min(ok, key=ok.get) if ok else None
+    best_us = ok.get(best)
+    roof = shape.roofline_us(m, bw)
+    wins = isinstance(unfused, float) and best_us is not None and best_us < unfused * (1 - MARGIN)
+    note = (f"fused {best_us:.1f} us vs unfused {unfused if isinstance(unfused, str) else f'{unfused:.1f}'} us, "
+            f"roofline {roof:.1f} us" if best_us is not None else "no fused config ran")  # fmt: skip
+    row = f"    # {note}\n    ({a.name!r}, {bm.m_bucket(m)}, {shape.i}, {shape.k}): {best if wins else None},"
+    result = {"shape": name, "M": m, "I": shape.i, "K": shape.k, "unfused_us": unfused, "fused_best_us": best_us,
+              "fused_best_config": str(best), "roofline_us": roof, "fused_wins": wins,
+              "fused": {str(c): t for c, t in fused.items()}}  # fmt: skip
+    return result, row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ms", default="1,4,16,32,64", help="comma-separated row counts")
+    p.add_argument("--only", help="comma-separated substrings of shape names")
+    p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
+    args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = "cpu" if args.dry_run else "cuda"
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/gemm_silu_quant.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    a = arch.arch_of(DEVICE)
+    ms = [int(v) for v in args.ms.split(",")]
+    shapes, families = SHAPES, FAMILIES
+    if args.only:
+        shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
+    if args.dry_run:
+        shapes, ms, families = [("tiny", 256, 512)], [1, 17], [(128, 4, 2)]
+    bw = copy_bandwidth(args.dry_run)
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
+    log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")
+    rows, table = [], []
+    for sname, i, k in shapes:
+        shape = Shape(i, k)
+        for m in ms:
+            log(f"{sname} M={m}")
+            r, t = run_point(sname, shape, m, families, bw, a)
+            rows.append(r)
+            table.append(t)
+    print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["unfused_us"], r["fused_best_us"],
+                     (r["fused_best_us"] / r["unfused_us"]) if isinstance(r["unfused_us"], float)
+                     and r["fused_best_us"] else "-", r["fused_best_config"]] for r in rows],
+                   headers=["shape", "M", "roofline", "unfused", "fused", "fused / unfused", "best config"],
+                   floatfmt=".2f"))  # fmt: skip
+    print(f"\nTABLE rows ({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s,"
+          " by `python benchmarks/gemm_silu_quant.py`):")  # fmt: skip
+    print("\n".join(table))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth": bw, "device": name, "rows": rows}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Triton small-M gate/up GEMM with the SiLU-and-mul and the 1 x G group quant in its epilogue.
+
+    before: y = blockscale_mm(q, s, W_gate_up)  [M, 2I] bf16   ->  silu_mul_group_quant(y, G)  (two launches)
+    after:  silu_mul_group_quant(blockscale_mm(...), G) in one launch, y never written
+
+At decode the down projection's input quant is a launch of its own after the gate/up GEMM (~2 us of a ~90 us
+Llama-3.1-8B layer on the H200, most of it the fixed ramp and tail of a launch: ``_small_m_kernels.py``). Here the
+GEMM's programs finish the job: each program owns ``BLOCK_N`` output columns and computes *both* their gate rows
+and their up rows, as one ``[2 * BLOCK_N, BLOCK_K]`` weight tile per K step (gate rows on top, the up rows below:
+one MMA, the K loop of ``_small_m_kernel`` unchanged). With split-K the partials of both halves go through the
+same ticket as "last" (``_last_split``, ``_sum_partials``); the program holding the tile's whole sum then rounds
+gate and up to the GEMM's out dtype, applies ``silu_and_mul``'s steps (``_silu``: fp32, rounded to the out dtype,
+times up, rounded) and quantizes groups of G consecutive columns (``BLOCK_N % G == 0``: a group never spans two
+programs) with ``_fp8``'s helpers, the steps of every quant kernel.
+
+Numerics: the GEMM part sums the same products as ``_small_m_kernel`` at the same config (split, K tiles), and
+the epilogue is ``silu_mul_group_quant``'s, so against the unfused pair at the same GEMM config the only
+difference is the rounding of the GEMM output, done here in registers (``round_to``) instead of by a store; on the
+GPU both are the hardware's round-to-nearest-even. The unfused GEMM may run another config (its own TABLE row),
+whose sum order differs: then bf16 GEMM outputs may differ by an ulp, and a quantized value by one fp8 step.
+
+Weights: gate and up are two ``[I, K]`` tensors (two HF projections) or the two halves of one merged
+``[2I, K]`` weight (``gate_up_proj``, I a multiple of the 128-row weight block so the halves' scale rows do
+not straddle), read in place either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch as _arch
+from . import _pdl
+from ._blockscale_kernels import SCALE_BLOCK, promotion_block
+from ._fp8 import amax_nan, cast_fp8, div_by_scale, kernel_constexprs, reciprocal_of, round_to, scale_of, to_fp32
+from ._small_m_kernels import (
+    SmallMConfig,
+    _k_loop,
+    _last_split,
+    _sum_partials,
+    small_m_block_m,
+    split_plan,
+    tile_counters,
+)
+from .silu_and_mul import _silu
+
+
+@triton.jit
+def _silu_quant_store(acc, q_ptr, s_ptr, n0, offs_m, M, I, OUT_DTYPE: tl.constexpr, G: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, FP8_MAX: tl.constexpr,
+                      FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+                      PTX: tl.constexpr):  # fmt: skip
+    """``acc [2 * BLOCK_N, BLOCK_M]`` (gate^T rows on top of up^T rows, fp32 sums) -> q [M, I] fp8 and
+    scale [M, I / G] fp32 for the columns ``[n0, n0 + BLOCK_N)`` (n0 a multiple of BLOCK_N) and rows ``offs_m``."""
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+    gate = to_fp32(round_to(gate, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)  # the GEMM's output, as stored
+    up = to_fp32(round_to(up, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)
+    act = to_fp32(round_to(_silu(gate, PTX), OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)
+    y = to_fp32(round_to(act * up, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)  # silu_and_mul's output, [BN, BM]
+    # Groups of G consecutive columns: [BN, BM] -> [BN / G, G, BM], the quant along axis 1.
+    y3 = tl.reshape(y, (BLOCK_N // G, G, BLOCK_M))
+    scale = scale_of(amax_nan(y3, 1, EMULATE_CAST), FP8_MAX)  # [BN / G, BM]
+    r, scale_fin = reciprocal_of(scale)
+    qv = cast_fp8(div_by_scale(y3, scale_fin[:, None, :], r[:, None, :]), q_ptr.dtype.element_ty, FP8_MAX,
+                  FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+    rows = offs_m.to(tl.int64)
+    cols = (n0 + tl.arange(0, BLOCK_N // G)[:, None] * G + tl.arange(0, G)[None, :])[:, :, None]
+    ok_m = (offs_m < M)[None, None, :]
+    tl.store(q_ptr + rows[None, None, :] * I + cols, qv, mask=ok_m & (cols < I))
+    groups = n0 // G + tl.arange(0, BLOCK_N // G)
+    n_groups = I // G
+    tl.store(s_ptr + rows[None, :] * n_groups + groups[:, None], scale,
+             mask=(offs_m < M)[None, :] & (groups < n_groups)[:, None])
+
+
+# M and the split's K range vary per call (as in _small_m_kernel): no divisibility specialization for them.
+@triton.jit(do_not_specialize=["M", "k_tiles_per_split"])
+def _small_m_silu_quant_kernel(
+    a_ptr,  # q [M, K] fp8, K contiguous
+    bg_ptr, bu_ptr,  # gate / up weights [I, K] fp8, K contiguous, row stride stride_bn (both)
+    q_ptr, s_ptr,  # out: q [M, I] fp8, scale [M, I / G] fp32, contiguous
+    p_ptr,  # fp32 partials [SPLIT, M, 2I] (MODE 2): gate columns [0, I), up columns [I, 2I)
+    cnt_ptr,  # int32 [tiles] ticket counters, zero before and after the launch (MODE 2)
+    as_ptr,  # activation scales, element (m, k // GROUP_K) at m * stride_asm + (k // GROUP_K) * stride_ask
+    bgs_ptr, bus_ptr,  # gate / up weight scales, element (n // 128, k // 128), strides stride_bsn, stride_bsk
+    M, I, K,
+    stride_am, stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+    k_tiles_per_split,  # grid (cdiv(I, BLOCK_N), SPLIT, cdiv(M, BLOCK_M))
+    GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,  # the GEMM's output dtype: the rounding of gate, up and each silu_and_mul step
+    G: tl.constexpr,  # the output quant's group (BLOCK_N % G == 0)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
+    MODE: tl.constexpr,  # 0: SPLIT 1, the epilogue runs in every program; 2: partials, the last program's epilogue
+    FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    PTX: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait before the loop, trigger after it
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    r = tl.arange(0, 2 * BLOCK_N)
+    is_up = r >= BLOCK_N
+    rn = (pid_n * BLOCK_N + r % BLOCK_N) % I  # weight row of each tile row (out-of-range columns wrap)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = offs_m % M
+    offs_k = tl.arange(0, BLOCK_K)
+    kt_start = pid_s * k_tiles_per_split
+    kt_end = tl.minimum(kt_start + k_tiles_per_split, tl.cdiv(K, BLOCK_K))
+    k_first = kt_start * BLOCK_K
+    w_rows = tl.where(is_up, bu_ptr, bg_ptr) + rn.to(tl.int64) * stride_bn  # [2 * BLOCK_N] row starts
+    w_ptrs = w_rows[:, None] + (k_first + offs_k)[None, :]
+    ws_ptrs = tl.where(is_up, bus_ptr, bgs_ptr) + (rn // SCALE_BLOCK) * stride_bsn
+    x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]
+    xs_ptrs = as_ptr + rm * stride_asm
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # before the first activation load and any store
+    acc = _k_loop(tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32), w_ptrs, ws_ptrs, x_ptrs, xs_ptrs,
+                  kt_start, kt_end, stride_bsk, stride_ask, bg_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K,
+                  K_UNROLL, False, False, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    if MODE == 0:
+        _silu_quant_store(acc, q_ptr, s_ptr, pid_n * BLOCK_N, offs_m, M, I, OUT_DTYPE, G, BLOCK_N, BLOCK_M, FP8_MAX,
+                          FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+    else:
+        mn = M.to(tl.int64) * 2 * I
+        cols = tl.where(is_up, I, 0) + pid_n * BLOCK_N + r % BLOCK_N  # partial column of each tile row
+        mask = (offs_m[None, :] < M) & ((pid_n * BLOCK_N + r % BLOCK_N) < I)[:, None]
+        p_ptrs = p_ptr + offs_m.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
+        tl.store(p_ptrs + pid_s * mn, acc, mask=mask)
+        tile = pid_m * tl.num_programs(0) + pid_n
+        if _last_split(cnt_ptr, tile):
+            total = _sum_partials(p_ptrs, mask, mn, 2 * BLOCK_N, BLOCK_M)
+            _silu_quant_store(total, q_ptr, s_ptr, pid_n * BLOCK_N, offs_m, M, I, OUT_DTYPE, G, BLOCK_N, BLOCK_M, FP8_MAX,
+                              FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+            tl.store(cnt_ptr + tile, 0)  # ready for the next launch
+
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
+    """Why the fused launch cannot take this shape / config (None when it can)."""
+    if group_size not in (32, 64, 128) or i % group_size:
+        return f"output group {group_size} must be 32, 64 or 128 and divide I={i}"
+    if config.block_n % group_size:
+        return f"block_n {config.block_n} is not a multiple of the output group {group_size}"
+    if config.fma or config.reduce != "last" and config.split_k > 1:
+        return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
+    return None
+
+
+def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, group_size: int,
+                          config: SmallMConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``silu_mul_group_quant(cat([q @ w_gate^T, q @ w_up^T], -1) in out_dtype, group_size)`` in one launch:
+    ``(q_out [M, I] fp8, scale [M, I / group_size] fp32)``. Inputs validated by the caller (``checks.py``); gate and
+    up share a row stride and scale strides. Raises ``ValueError`` for a shape or config it cannot take; returns
+    None when split-K has no ticket counters now (``tile_counters``): the caller then runs the unfused pair."""
+    m, k = q.shape
+    i = w_gate.shape[0]
+    reason = unsupported(i, group_size, config)
+    if reason is None and (w_up.shape[0] != i or w_up.stride() != w_gate.stride() or s_up.stride() != s_gate.stride()):
+        reason = "gate and up must have one shape and the same strides"
+    if reason is not None:
+        raise ValueError(f"small-M SiLU-quant GEMM: {reason}")
+    dev = q.device
+    fp8 = _arch.arch_of(dev).fp8_dtype
+    q_out = torch.empty((m, i), dtype=fp8, device=dev)
+    s_out = torch.empty((m, i // group_size), dtype=torch.float32, device=dev)
+    if m == 0 or i == 0:
+        return q_out, s_out
+    group_k = k // x_scale.shape[1]
+    block_k = promotion_block(group_k)
+    split, per_split, unroll = split_plan(k // block_k, config.split_k, config.k_unroll)
+    block_m = small_m_block_m(m)
+    grid = (triton.cdiv(i, config.block_n), split, triton.cdiv(m, block_m))
+    counters = tile_counters(dev, grid[0] * grid[2]) if split > 1 else None
+    if split > 1 and counters is None:  # no counters: the first call is inside a capture, or too many tiles
+        return None
+    partials = torch.empty((split, m, 2 * i), dtype=torch.float32, device=dev) if split > 1 else s_out
+    pdl = _pdl.pdl_enabled(dev)
+    _small_m_silu_quant_kernel[grid](
+        q, w_gate, w_up, q_out, s_out, partials, s_out if counters is None else counters, x_scale, s_gate, s_up,
+        m, i, k, q.stride(0), w_gate.stride(0), *x_scale.stride(), *s_gate.stride(), per_split,
+        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, BLOCK_M=block_m,
+        BLOCK_N=config.block_n, BLOCK_K=block_k, K_UNROLL=unroll, MODE=0 if split == 1 else 2,
+        **kernel_constexprs(dev), PDL=pdl, num_warps=config.warps, num_stages=config.stages,
+        **_pdl.launch_kwargs(pdl),
+    )  # fmt: skip
+    return q_out, s_out

@@ -1,0 +1,114 @@
+"""The gate/up GEMM takes the SiLU-and-mul and the down projection's input quant into its epilogue.
+
+    before (after the silu fusion; HF gate / up after group_gemm)
+    y = blockscale_mm(q, s, W_gate_up, S, bf16)         or  blockscale_mm_grouped(q, s, [W_gate, W_up], ...)
+    q2, s2 = silu_mul_group_quant(reshape(y, [B, S, 2I]), 128)
+
+    after
+    q2, s2 = blockscale_mm_silu_mul_group_quant(q, s, [W_gate_up], [S], bf16, 128)     # [M, I], [M, I/128]
+    q2, s2 = reshape(q2, [B, S, I]), reshape(s2, [B, S, I/128])
+
+At decode the silu-quant is a launch of ~2 us of fixed ramp and tail after the gate/up GEMM
+(``kernels/triton/_small_m_silu_kernels.py``); the fused op's Triton implementation runs it inside the GEMM's
+launch where ``blockscale_mm_silu_quant.TABLE`` measured that faster, and the unfused pair elsewhere.
+
+Runs after ``group_gemm`` (whose grouped gate / up output it also takes). Guards: the switch, deterministic mode
+(not bit-exact: the fused launch's GEMM config may differ from the separate GEMM's, and so its sum order);
+the fused op on the backend that runs the GEMM (``guards.can_fuse_on_gemm_backend``: not aiter);
+the GEMM's output feeds only this silu-quant, through reshapes that keep its last dim; a static M within the
+small-M range (``m_above_small_m``) and, at a static M, a fused launch the table does not rule out
+(``unfused_pair_faster``). A symbolic M is fused: the op picks per call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+
+import torch
+from torch.fx import Graph, Node
+
+from .. import guards
+from . import _graph
+from ._graph import BLOCKSCALE_MM
+
+aten = torch.ops.aten
+SILU_QUANT = torch.ops.fp8_fusion.silu_mul_group_quant.default
+GROUPED = torch.ops.fp8_fusion.blockscale_mm_grouped.default
+FUSED = torch.ops.fp8_fusion.blockscale_mm_silu_mul_group_quant.default
+NAME = "gemm_silu_quant"
+
+
+def _gemm_of(silu: Node):
+    """(gemm node, weights, scales, reshape chain) when the silu-quant's input is a gate/up GEMM's output."""
+    gemm, chain = _graph.strip_reshapes(silu.args[0])
+    if not isinstance(gemm, Node) or gemm.op != "call_function":
+        return None
+    if gemm.target is BLOCKSCALE_MM:
+        return gemm, [gemm.args[2]], [gemm.args[3]], chain
+    if gemm.target is GROUPED and len(gemm.args[2]) == 2:
+        return gemm, list(gemm.args[2]), list(gemm.args[3]), chain
+    return None
+
+
+def _group_size(silu: Node) -> int:
+    return silu.args[1] if len(silu.args) > 1 else silu.kwargs.get("group_size", 128)
+
+
+def _only_user(node: Node, user: Node) -> bool:
+    return list(node.users) == [user]
+
+
+def _check(silu: Node, gemm: Node, chain: list[Node]) -> guards.Verdict:
+    path = [gemm, *reversed(chain), silu]  # each node's one user is the next
+    if not all(_only_user(a, b) for a, b in itertools.pairwise(path)):
+        return guards.reject("extra_consumer", f"the GEMM output {gemm.name} also feeds something else")
+    if not _graph.keeps_last_dim(chain):
+        return guards.reject("reshape_changes_last_dim", "a reshape between the GEMM and the silu-quant")
+    q, x_scale, weights = gemm.args[0], gemm.args[1], gemm.args[2]
+    qv = _graph.val(q)
+    verdict = guards.can_fuse_on_gemm_backend("blockscale_mm_silu_mul_group_quant", gemm.target, qv.device)
+    if not verdict.ok:
+        return verdict
+    m = qv.shape[0]
+    if not isinstance(m, int):
+        return guards.OK  # symbolic M: the op chooses per call
+    if m > guards.SMALL_M_MAX:
+        return guards.reject("m_above_small_m", f"M={m} is above the fused kernel's {guards.SMALL_M_MAX} rows")
+    return guards.should_fuse_gemm_epilogue(qv, _graph.val(x_scale), [_graph.val(w) for w in
+                                            (weights if isinstance(weights, (list, tuple)) else [weights])],
+                                            _graph.val(gemm).dtype, _group_size(silu))  # fmt: skip
+
+
+def rewrite(graph: Graph, silu: Node, gemm: Node, weights, scales, chain: list[Node]) -> str:
+    q, x_scale, out_dtype = gemm.args[0], gemm.args[1], gemm.args[-1]
+    g = _group_size(silu)
+    lead = list(chain[0].args[1][:-1]) if chain else None  # the silu input's leading dims, as the graph spells them
+    out_q, out_s = _graph.val(silu)
+    with _graph.Edit(graph, before=silu) as e:
+        fused = e.call(FUSED, q, x_scale, weights, scales, out_dtype, g)
+        new = [e.call(operator.getitem, fused, 0), e.call(operator.getitem, fused, 1)]
+        if lead is not None:
+            new = [e.call(aten.reshape.default, new[0], [*lead, out_q.shape[-1]]),
+                   e.call(aten.reshape.default, new[1], [*lead, out_s.shape[-1]])]
+    for user in list(silu.users):
+        user.replace_all_uses_with(new[user.args[1]])
+    _graph.erase_dead(graph, [*silu.users, silu])
+    n = sum(_graph.val(w).shape[0] for w in weights)
+    return f"{len(weights)} weight(s), N = {n}, group {g}: the silu-quant runs in the GEMM's launch"
+
+
+def run(graph: Graph, report) -> None:
+    for silu in [n for n in graph.nodes if n.op == "call_function" and n.target is SILU_QUANT]:
+        found = _gemm_of(silu)
+        if found is None:
+            continue  # fed by something else than a GEMM: not a candidate (nothing to explain)
+        gemm, weights, scales, chain = found
+        if not all(u.target is operator.getitem for u in silu.users):
+            continue
+        shapes, dtype = _graph.shape_str(q=gemm.args[0], y=gemm), _graph.dtype_str(gemm)
+        verdict = _check(silu, gemm, chain)
+        if not verdict.ok:
+            report.reject(NAME, gemm.name, verdict.reason, f"{verdict.detail}: left as two launches", shapes, dtype)
+            continue
+        report.apply(NAME, gemm.name, shapes, dtype, rewrite(graph, silu, gemm, weights, scales, chain))

@@ -1,0 +1,166 @@
+"""The gate/up GEMM with the silu-quant in its epilogue (``blockscale_mm_silu_mul_group_quant``).
+
+CPU (``TRITON_INTERPRET=1``, set by ``tests/conftest.py``): the fused launch against the unfused pair it replaces
+(the small-M GEMM at the same config, then ``silu_mul_group_quant``: the same sums, the same roundings, so bit
+for bit) and against the reference; merged and separate gate / up weights, split-K with the in-launch sum, whole
+and partial column tiles, groups of 128 and 64, zeros; the op's dispatch (measured table, M above the small-M
+range, no ticket counters) and its input errors. Small I and K: the interpreter costs ~25 ms per program.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gemm_helpers import make_inputs
+
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import backends, ops  # noqa: F401  (ops registers torch.ops.fp8_fusion)
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
+from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
+from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
+from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
+from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_quant
+
+BF16 = torch.bfloat16
+OP = torch.ops.fp8_fusion.blockscale_mm_silu_mul_group_quant
+
+
+def _bits(out):
+    return out[0].view(torch.uint8), out[1]
+
+
+def _assert_equal(a, b, what=""):
+    (qa, sa), (qb, sb) = _bits(a), _bits(b)
+    assert qa.shape == qb.shape and sa.shape == sb.shape, what
+    assert torch.equal(qa, qb), f"{what}: {(qa != qb).sum().item()} fp8 values differ"
+    assert torch.equal(sa, sb), f"{what}: scales differ"
+
+
+def _gate_up(m, i, k, seed=0, group=128):
+    """q, x_scale, and gate / up weights as two separate [I, K] tensors (any I) with the merged [2I, K] form."""
+    q, xs, wg, sg = make_inputs(m, i, k, group, seed=seed)
+    _, _, wu, su = make_inputs(m, i, k, group, seed=seed + 1)
+    return q, xs, wg, sg, wu, su
+
+
+def _reference(q, xs, ws, ss, group):
+    y = ref.blockscale_mm_grouped(q, xs, ws, ss, BF16)
+    return ref.silu_mul_group_quant(y, group, arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))
+
+
+@pytest.mark.parametrize(
+    "m, i, k, group, config",
+    [
+        (1, 256, 512, 128, SmallMConfig(128, 1, 4, 2, "last")),  # one program's whole sum (MODE 0)
+        (3, 384, 512, 128, SmallMConfig(128, 2, 4, 2, "last")),  # split-K, the last program's epilogue
+        (17, 256, 384, 64, SmallMConfig(128, 3, 4, 2, "last")),  # 17 rows: two row tiles; groups of 64
+        (2, 320, 512, 64, SmallMConfig(128, 4, 4, 2, "last")),  # 320 = 2.5 column tiles: masked groups
+        (64, 128, 256, 128, SmallMConfig(128, 2, 4, 2, "last")),
+    ],
+)
+def test_fused_launch_is_the_unfused_pair_bit_for_bit(m, i, k, group, config):
+    q, xs, wg, sg, wu, su = _gate_up(m, i, k)
+    fused = sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, group, config)
+    unfused = silu_mul_group_quant(smk.small_m_mm_grouped(q, xs, [wg, wu], [sg, su], BF16, config), group)
+    _assert_equal(fused, unfused, f"M={m} I={i} K={k} g={group} {config}")
+    # and the reference, within one fp8 step where the fp32 sums round differently
+    want = _reference(q, xs, [wg, wu], [sg, su], group)
+    d = (ref.dequant_activation(*fused) - ref.dequant_activation(*want)).norm() / ref.dequant_activation(*want).norm()
+    assert d < 2e-2, f"rel err vs reference {d:.3g}"
+
+
+def test_merged_weight_halves_are_read_in_place():
+    q, xs, wg, sg, wu, su = _gate_up(3, 256, 512)
+    w, s = torch.cat([wg, wu]), torch.cat([sg, su])
+    config = SmallMConfig(128, 2, 4, 2, "last")
+    with backends.use_backend("triton"):
+        merged = OP(q, xs, [w], [s], BF16, 128)
+        separate = OP(q, xs, [wg, wu], [sg, su], BF16, 128)
+    _assert_equal(merged, separate, "merged vs separate weights")
+    _assert_equal(merged, sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config), "the default config")
+    _assert_equal(merged, OP(q, xs, [w], [s], BF16, 128), "the reference backend")
+
+
+def test_zero_activation_gives_zeros_and_the_floor_scale():
+    q, xs, wg, sg, wu, su = _gate_up(2, 256, 256)
+    q = torch.zeros_like(q)
+    qo, so = sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, SmallMConfig(128, 2, 4, 2, "last"))
+    assert torch.equal(qo.float(), torch.zeros_like(qo, dtype=torch.float32))
+    assert torch.equal(so, torch.full_like(so, 1e-10 / arch.fp8_max("cpu")))
+
+
+def test_nan_reaches_only_its_row():
+    q, xs, wg, sg, wu, su = _gate_up(2, 256, 256)
+    xs = xs.clone()
+    xs[0, 1] = float("nan")  # row 0's second K group: every output of row 0 is NaN, row 1 untouched
+    qo, so = sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, SmallMConfig(128, 2, 4, 2, "last"))
+    assert so[0].isnan().all() and not so[1].isnan().any()
+    want = _reference(q, xs, [wg, wu], [sg, su], 128)
+    assert torch.equal(so[1], want[1][1]) and torch.equal(_bits((qo, so))[0][1], _bits(want)[0][1])
+
+
+def test_dispatch_table_none_and_large_m_run_the_unfused_pair(monkeypatch):
+    q, xs, wg, sg, wu, su = _gate_up(3, 256, 512)
+    w, s = torch.cat([wg, wu]), torch.cat([sg, su])
+    a = arch.arch_of(q.device)
+    assert bsq.fused_config(a, "cpu", q.dtype, 3, 256, 512, 128, 128, BF16) == bsq.default_config(256, 512, 128)
+    assert bsq.fused_config(a, "cpu", q.dtype, 65, 256, 512, 128, 128, BF16) is None  # above SMALL_M_MAX
+    monkeypatch.setitem(bsq.TABLE, (a.name, 4, 256, 512), None)  # "the unfused pair measured faster"
+    assert bsq.fused_config(a, "cpu", q.dtype, 3, 256, 512, 128, 128, BF16) is None
+    called = []
+    monkeypatch.setattr(bsq, "small_m_mm_silu_quant", lambda *args: called.append(args))
+    with backends.use_backend("triton"):
+        out = OP(q, xs, [w], [s], BF16, 128)
+    assert not called
+    _assert_equal(out, silu_mul_group_quant(smk.small_m_mm(q, xs, w, s, BF16, None), 128), "unfused pair")
+
+
+def test_no_ticket_counters_falls_back_to_the_unfused_pair(monkeypatch):
+    q, xs, wg, sg, wu, su = _gate_up(3, 256, 512)
+    monkeypatch.setattr(sms, "tile_counters", lambda device, tiles: None)
+    assert sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, SmallMConfig(128, 2, 4, 2, "last")) is None
+    with backends.use_backend("triton"):
+        out = OP(q, xs, [wg, wu], [sg, su], BF16, 128)
+    _assert_equal(out, _reference(q, xs, [wg, wu], [sg, su], 128), "fallback vs reference")
+
+
+def test_merged_weight_with_a_shared_block_row_is_not_split():
+    # I = 192: the merged weight's scale row 1 holds gate rows 128..191 and up rows 0..63
+    q, xs, w, s = make_inputs(2, 384, 256)
+    assert bsq._gate_up([w], [s]) is None
+    with backends.use_backend("triton"):
+        out = OP(q, xs, [w], [s], BF16, 64)
+    want = ref.silu_mul_group_quant(ref.blockscale_mm(q, xs, w, s, BF16), 64, arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))
+    d = (ref.dequant_activation(*out) - ref.dequant_activation(*want)).norm() / ref.dequant_activation(*want).norm()
+    assert d < 2e-2
+
+
+@pytest.mark.parametrize(
+    "weights, group, error, match",
+    [
+        ("three", 128, ValueError, "one merged gate_up weight or gate and up"),
+        ("odd", 128, ValueError, "one N"),
+        ("unequal", 128, ValueError, "one N"),
+        ("merged", 96, ValueError, "power of two"),
+        ("merged", 256, ValueError, "multiple of group_size"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(weights, group, error, match):
+    q, xs, wg, sg, wu, su = _gate_up(2, 128, 256)
+    w_qs, w_scales = {
+        "three": ([wg, wu, wg], [sg, su, sg]),
+        "odd": ([wg[:127]], [sg]),
+        "unequal": ([wg, wu[:64]], [sg, su]),
+        "merged": ([torch.cat([wg, wu])], [torch.cat([sg, su])]),
+    }[weights]
+    with pytest.raises(error, match=match):
+        OP(q, xs, w_qs, w_scales, BF16, group)
+
+
+def test_kernel_refuses_configs_it_cannot_run():
+    q, xs, wg, sg, wu, su = _gate_up(2, 128, 256)
+    for config, match in [(SmallMConfig(64, 1, 4, 2, "last"), "not a multiple"),
+                          (SmallMConfig(128, 2, 4, 2, "kernel"), "in-launch sum")]:
+        with pytest.raises(ValueError, match=match):
+            sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config)

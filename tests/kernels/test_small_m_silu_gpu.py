@@ -1,0 +1,82 @@
+"""On a CUDA GPU: the gate/up GEMM with the silu-quant in its epilogue (``_small_m_silu_kernels.py``) at the model
+shapes, against the unfused pair at the same GEMM config (bit for bit: the same sums, the hardware's same
+roundings) and against the reference; repeatable with split-K and inside a CUDA graph; the public op with its
+table. ``python -m pytest tests/kernels/test_small_m_silu_gpu.py -m gpu -q``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gemm_helpers import make_inputs
+
+import fp8_fusion_pass.kernels.ops  # noqa: F401
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import backends
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
+from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
+from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
+from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
+from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_quant
+
+pytestmark = pytest.mark.gpu
+BF16 = torch.bfloat16
+SHAPES = [(12288, 4096), (14336, 4096), (25600, 5120)]  # (I, K): Qwen3-8B, Llama-3.1-8B, Qwen3-32B gate_up
+CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(128, 2, 4, 4, "last")]
+
+
+def _inputs(m, i, k):
+    q, xs, w, s = make_inputs(m, 2 * i, k, device="cuda")
+    return q, xs, w, s, (w[:i], s[: i // 128], w[i:], s[i // 128:])
+
+
+def _dq(out):
+    return ref.dequant_activation(*out).double()
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("i, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 5, 16, 64])
+def test_fused_equals_unfused_pair_and_reference(m, i, k, config):
+    q, xs, w, s, halves = _inputs(m, i, k)
+    fused = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)
+    pair = silu_mul_group_quant(smk.small_m_mm_grouped(q, xs, [halves[0], halves[2]], [halves[1], halves[3]], BF16,
+                                                       config), 128)  # fmt: skip
+    assert torch.equal(fused[1], pair[1]) and torch.equal(fused[0].view(torch.uint8), pair[0].view(torch.uint8))
+    want = ref.silu_mul_group_quant(ref.blockscale_mm(q.cpu(), xs.cpu(), w.cpu(), s.cpu(), BF16), 128,
+                                    arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))  # fmt: skip
+    d = ((_dq(fused).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
+    assert d < 2e-2, f"rel err vs reference {d:.3g}"
+    again = [sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]
+    assert all(torch.equal(fused[0].view(torch.uint8), a[0].view(torch.uint8)) and torch.equal(fused[1], a[1])
+               for a in again)  # fmt: skip
+
+
+def test_in_cuda_graph_replays():
+    m, i, k = 4, 14336, 4096
+    q, xs, _, _, halves = _inputs(m, i, k)
+    config = SmallMConfig(128, 3, 8, 3, "last")
+    want = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)  # allocates the counters outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)
+    bad = 0
+    for _ in range(50):
+        out[0].zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        bad += not (torch.equal(out[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(out[1], want[1]))
+    assert bad == 0
+
+
+@pytest.mark.parametrize("i, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 16, 64, 65])
+def test_public_op_matches_reference(m, i, k):
+    q, xs, w, s, _ = _inputs(m, i, k)
+    with backends.use_backend("triton"):
+        out = torch.ops.fp8_fusion.blockscale_mm_silu_mul_group_quant(q, xs, [w], [s], BF16, 128)
+    want = ref.silu_mul_group_quant(ref.blockscale_mm(q.cpu(), xs.cpu(), w.cpu(), s.cpu(), BF16), 128,
+                                    arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))  # fmt: skip
+    d = ((_dq(out).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
+    assert d < 2e-2, f"M={m} I={i} K={k} ({bsq.fused_config.__name__}): rel err {d:.3g}"

@@ -1,0 +1,162 @@
+"""gemm_silu_quant: a gate/up GEMM and the silu-quant after it become one blockscale_mm_silu_mul_group_quant
+(FusionConfig(gemm_silu_quant=True), the default)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from pattern_helpers import FUSIONS_ONLY, BlockLinear, capture, count, run_pass
+from torch import nn
+
+from fp8_fusion_pass import report as report_mod
+from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.fusion_pass import FP8FusionPass
+from fp8_fusion_pass.kernels import backends
+from fp8_fusion_pass.models import build_model, example_inputs
+
+ops = torch.ops.fp8_fusion
+FUSED = ops.blockscale_mm_silu_mul_group_quant.default
+LAYERS = 2
+EPILOGUE = dataclasses.replace(FUSIONS_ONLY, gemm_silu_quant=True)  # this rewrite alone on top of the fusions
+
+
+def _graph(form, batch=2, seq=5, layers=LAYERS):
+    m = build_model("qwen3-tiny", form=form, layers=layers)
+    (gm,) = capture(m, *example_inputs(m, batch, seq))
+    return gm
+
+
+@pytest.fixture(scope="module")
+def engine_graph():
+    return _graph("engine")
+
+
+@pytest.fixture(scope="module")
+def hf_graph():
+    return _graph("hf")
+
+
+def _weights_of(gm):
+    return [len(n.args[2]) for n in gm.graph.nodes if n.target is FUSED]
+
+
+def test_engine_gate_up_takes_the_silu_quant(engine_graph):
+    r, gm = run_pass(engine_graph, EPILOGUE)
+    assert r.counts()["gemm_silu_quant"] == LAYERS, r.render()
+    assert count(gm, ops.silu_mul_group_quant.default) == 0
+    assert _weights_of(gm) == [1] * LAYERS  # the merged gate_up_proj weight
+    # per layer: qkv, o, down stay block-scale GEMMs; gate_up is inside the fused op
+    assert count(gm, ops.blockscale_mm.default) == 3 * LAYERS
+    assert not r.errors and not r.notes
+    _, plain = run_pass(engine_graph, FusionConfig())
+    assert count(plain, FUSED) == LAYERS  # on by default
+
+
+def test_hf_grouped_gate_up_takes_it_too(hf_graph):
+    r, gm = run_pass(hf_graph, FusionConfig())
+    assert r.counts()["gemm_silu_quant"] == LAYERS and r.counts()["group_gemm"] == 2 * LAYERS, r.render()
+    assert _weights_of(gm) == [2] * LAYERS  # gate_proj and up_proj, read in place
+    assert count(gm, ops.silu_mul_group_quant.default) == 0
+    assert count(gm, ops.blockscale_mm_grouped.default) == LAYERS  # q / k / v only
+    # without group_gemm the HF silu-quant reads cat([gate, up]): not a GEMM output, nothing to take
+    r, gm = run_pass(hf_graph, EPILOGUE)
+    assert "gemm_silu_quant" not in r.counts() and count(gm, FUSED) == 0
+
+
+def test_deterministic_mode_and_the_switches_keep_it_off(engine_graph, monkeypatch):
+    torch.use_deterministic_algorithms(True)
+    try:
+        r, _ = run_pass(engine_graph, EPILOGUE)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "gemm_silu_quant" not in r.counts()
+    r, gm = run_pass(engine_graph, FusionConfig.without("gemm_silu_quant"))
+    assert count(gm, FUSED) == 0 and count(gm, ops.silu_mul_group_quant.default) == LAYERS
+    monkeypatch.setenv("FP8_FUSION_DISABLE", "gemm_silu_quant")
+    r, gm = run_pass(engine_graph, FusionConfig())
+    assert count(gm, FUSED) == 0
+
+
+def test_static_prefill_graphs_keep_two_launches():
+    r, gm = run_pass(_graph("engine", batch=1, seq=65, layers=1), EPILOGUE)
+    assert count(gm, FUSED) == 0
+    assert [(d.pattern, d.reason) for d in r.rejected if d.pattern == "gemm_silu_quant"] == [
+        ("gemm_silu_quant", "m_above_small_m")], r.render()
+
+
+def test_dynamic_batch_is_fused():
+    m = build_model("qwen3-tiny", form="engine", layers=1)
+    (gm,) = capture(m, *example_inputs(m, 2, 5), dynamic=True)
+    r, out = run_pass(gm, EPILOGUE)
+    assert count(out, FUSED) == 1, r.render()
+    (node,) = [n for n in out.graph.nodes if n.target is FUSED]
+    assert not isinstance(node.args[0].meta["val"].shape[0], int)  # the op decides per call
+
+
+class _GateUpDown(nn.Module):
+    """gate_up (block-FP8) -> silu_and_mul -> down (block-FP8); ``tap`` also returns the gate_up output."""
+
+    def __init__(self, tap=False):
+        super().__init__()
+        self.gate_up, self.down, self.tap = BlockLinear(256, 512, seed=1), BlockLinear(256, 256, seed=2), tap
+
+    def forward(self, x):
+        y = self.gate_up(x)
+        out = self.down(ops.silu_and_mul(y))
+        return (out, y) if self.tap else out
+
+
+def test_a_gemm_output_with_another_consumer_is_left_alone():
+    (gm,) = capture(_GateUpDown(tap=True), torch.randn(3, 256, dtype=torch.bfloat16))
+    r, out = run_pass(gm, EPILOGUE)
+    assert count(out, FUSED) == 0 and r.counts()["silu_quant"] == 1
+    assert [d.reason for d in r.rejected if d.pattern == "gemm_silu_quant"] == ["extra_consumer"], r.render()
+
+
+def test_on_a_backend_without_the_fused_kernel_it_is_rejected(monkeypatch):
+    (gm,) = capture(_GateUpDown(), torch.randn(3, 256, dtype=torch.bfloat16))
+    real = backends.backend_for
+    monkeypatch.setattr(backends, "backend_for",
+                        lambda op, device: "aiter" if op == "blockscale_mm" else real(op, device))  # fmt: skip
+    r, out = run_pass(gm, EPILOGUE)
+    assert count(out, FUSED) == 0
+    (d,) = [d for d in r.rejected if d.pattern == "gemm_silu_quant"]
+    assert d.reason == "no_fused_kernel" and "aiter" in d.detail, r.render()
+
+
+def test_where_the_table_prefers_two_launches_it_says_so(monkeypatch):
+    from fp8_fusion_pass import arch
+    from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
+
+    (gm,) = capture(_GateUpDown(), torch.randn(3, 256, dtype=torch.bfloat16))
+    monkeypatch.setitem(bsq.TABLE, (arch.arch_of("cpu").name, 4, 256, 256), None)
+    with backends.use_backend("triton"):
+        r, out = run_pass(gm, EPILOGUE)
+    assert count(out, FUSED) == 0
+    (d,) = [d for d in r.rejected if d.pattern == "gemm_silu_quant"]
+    assert d.reason == "unfused_pair_faster" and "M=3, I=256, K=256" in d.detail, r.render()
+    monkeypatch.delitem(bsq.TABLE, (arch.arch_of("cpu").name, 4, 256, 256))
+    with backends.use_backend("triton"):
+        r, out = run_pass(gm, EPILOGUE)
+    assert count(out, FUSED) == 1, r.render()
+
+
+@pytest.mark.parametrize("form", ["engine", "hf"])
+def test_whole_model_outputs_are_unchanged_on_the_reference_backend(form):
+    # On the CPU the fused op is the reference GEMM then the reference silu-quant: the logits are bit-identical.
+    m = build_model("qwen3-tiny", form=form, layers=LAYERS)
+    inputs = example_inputs(m, 2, 5)
+    outs = {}
+    with torch.no_grad():
+        for on in (False, True):
+            torch._dynamo.reset()
+            report_mod.clear_reports()
+            config = FusionConfig() if on else FusionConfig.without("gemm_silu_quant")
+            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
+            out = torch.compile(m, options=opts)(*inputs)
+            outs[on] = out.logits if hasattr(out, "logits") else out
+            assert report_mod.last_report().counts().get("gemm_silu_quant", 0) == (LAYERS if on else 0)
+    torch._dynamo.reset()
+    assert torch.equal(outs[True], outs[False])
