@@ -164,3 +164,27 @@ def test_kernel_refuses_configs_it_cannot_run():
                           (SmallMConfig(128, 2, 4, 2, "kernel"), "in-launch sum")]:
         with pytest.raises(ValueError, match=match):
             sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config)
+
+
+def test_every_table_row_is_a_config_the_kernel_takes():
+    assert bsq.TABLE, "measured rows expected"
+    for (arch_name, bucket, i, k), config in bsq.TABLE.items():
+        assert arch_name == "sm90" and bucket in (1, 4, 16, 32, 64) and k % 128 == 0
+        assert config is None or sms.unsupported(i, 128, config) is None, (i, k, config)
+
+
+def test_benchmark_dry_run_prints_pasteable_rows():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gemm_silu_quant.py"), "--dry-run"],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WRONG" not in proc.stderr and "RACY" not in proc.stderr
+    rows = proc.stdout.split("by `python benchmarks/gemm_silu_quant.py`):\n")[1]
+    table = eval("{\n" + rows + "\n}", {"SmallMConfig": SmallMConfig})
+    assert set(table) == {("cpu", 1, 256, 512), ("cpu", 32, 256, 512)}
+    assert all(v is None or isinstance(v, SmallMConfig) for v in table.values())

@@ -3,7 +3,8 @@ quant in its epilogue, where that measured faster than the two launches it repla
 
 Choice per (arch, M bucket, I, K): ``TABLE`` (measured by ``benchmarks/gemm_silu_quant.py`` on the GPU; a None
 entry means the unfused pair won there), else ``default_config`` (reasoned) for M <= ``SMALL_M_MAX``, else the
-unfused pair. The fused launch is ``_small_m_silu_kernels.py``; the unfused pair is ``blockscale_mm`` (or
+unfused pair. On the H200 the fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B,
+M <= 32; Qwen3-8B and Llama-3.1-8B at M = 32, by 2-3%): see the table's comment. The fused launch is ``_small_m_silu_kernels.py``; the unfused pair is ``blockscale_mm`` (or
 ``blockscale_mm_grouped`` for separate gate / up weights) then ``silu_mul_group_quant``, the graph the pass
 started from, so a shape the fused kernel cannot take computes the same thing.
 """
@@ -17,30 +18,66 @@ from ... import arch as _arch
 from .. import checks
 from . import blockscale_mm as _bm
 from ._blockscale_kernels import SCALE_BLOCK
-from ._small_m_kernels import TARGET_PROGRAMS, SmallMConfig
+from ._small_m_kernels import SmallMConfig
 from ._small_m_silu_kernels import small_m_mm_silu_quant, unsupported
 from .blockscale_mm_grouped import blockscale_mm_grouped
 from .silu_mul_group_quant import silu_mul_group_quant
 
 OP = "blockscale_mm_silu_mul_group_quant"
 SMALL_M_MAX = _bm.SMALL_M_MAX
+ONE_WAVE = 132  # programs: one per SM of an H200 (arch.py does not carry the SM count)
 
 # (arch name, M bucket, I, K) -> the fused launch's config, or None where the unfused pair was faster.
-# Filled from ``python benchmarks/gemm_silu_quant.py`` (its printed rows), with the date and GPU.
 # fmt: off
 TABLE: dict[tuple[str, int, int, int], SmallMConfig | None] = {
+    # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.25 TB/s) by
+    # `python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64` on commit e66cfa0 (the gate_up shapes of Qwen3-8B,
+    # Llama-3.1-8B, Qwen3-32B). A config where the fused launch beat the unfused pair by more than 2%, else None.
+    # On the 8B shapes the two launches cost the same to within 3%: the silu-quant launch the fusion saves
+    # (~1.3 us in a CUDA graph) is what the fused launch's 256-row weight tile costs over the plain GEMM's
+    # 128-row one. On Qwen3-32B's 51200 x 5120 the 256-row tile is also the better GEMM: 0.90-0.96x.
+    # fused 29.4 us vs unfused 29.4 us, roofline 23.7 us
+    ('sm90', 1, 12288, 4096): None,
+    # fused 29.5 us vs unfused 29.0 us, roofline 23.7 us
+    ('sm90', 4, 12288, 4096): None,
+    # fused 30.1 us vs unfused 29.8 us, roofline 23.7 us
+    ('sm90', 16, 12288, 4096): None,
+    # fused 30.7 us vs unfused 31.6 us, roofline 23.8 us
+    ('sm90', 32, 12288, 4096): SmallMConfig(128, 1, 4, 4, 'last'),
+    # fused 36.4 us vs unfused 34.6 us, roofline 23.9 us
+    ('sm90', 64, 12288, 4096): None,
+    # fused 33.0 us vs unfused 32.7 us, roofline 27.6 us
+    ('sm90', 1, 14336, 4096): None,
+    # fused 32.9 us vs unfused 32.6 us, roofline 27.6 us
+    ('sm90', 4, 14336, 4096): None,
+    # fused 33.2 us vs unfused 33.8 us, roofline 27.7 us
+    ('sm90', 16, 14336, 4096): None,
+    # fused 35.1 us vs unfused 36.0 us, roofline 27.8 us
+    ('sm90', 32, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last'),
+    # fused 38.5 us vs unfused 38.9 us, roofline 27.9 us
+    ('sm90', 64, 14336, 4096): None,
+    # fused 65.8 us vs unfused 73.2 us, roofline 61.7 us
+    ('sm90', 1, 25600, 5120): SmallMConfig(128, 1, 8, 3, 'last'),
+    # fused 65.5 us vs unfused 71.9 us, roofline 61.7 us
+    ('sm90', 4, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
+    # fused 66.3 us vs unfused 69.3 us, roofline 61.8 us
+    ('sm90', 16, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
+    # fused 68.1 us vs unfused 71.6 us, roofline 61.9 us
+    ('sm90', 32, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
+    # fused 86.4 us vs unfused 81.5 us, roofline 62.1 us
+    ('sm90', 64, 25600, 5120): None,
 }
 # fmt: on
 
 
 def default_config(i: int, k: int, group_size: int) -> SmallMConfig:
-    """Reasoned, not measured: 128 output columns per program (256 weight rows per K step, as a 256-wide tile of
-    ``_small_m_kernel``), split K toward ``TARGET_PROGRAMS`` / 2 programs (each moves twice a plain tile's
-    bytes) keeping >= 4 K tiles per split, 8 warps, 3 stages (3 x 32 KB of weight in flight per program)."""
+    """For a shape without a TABLE row: what won on the three measured shapes (128 output columns, i.e. 256 weight
+    rows per program, 4 warps, 4 stages, one wave of 96-200 programs with no split), with K split only as far as
+    one program per SM (132 on an H200) needs, keeping >= 4 K tiles per split: a narrow I still fills the GPU."""
     block_n = max(128, group_size)
     n_tiles, k_tiles = triton.cdiv(i, block_n), k // SCALE_BLOCK
-    split = max(1, min(TARGET_PROGRAMS // 2 // n_tiles, k_tiles // 4))
-    return SmallMConfig(block_n=block_n, split_k=split, warps=8, stages=3, reduce="last")
+    split = max(1, min(ONE_WAVE // n_tiles, k_tiles // 4))
+    return SmallMConfig(block_n=block_n, split_k=split, warps=4, stages=4, reduce="last")
 
 
 def _gate_up(w_qs, w_scales):
