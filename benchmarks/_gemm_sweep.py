@@ -24,7 +24,8 @@ FAMILIES = [
     (128, 4, 4, 2, False),
     (64, 4, 6, 1, False),  # idea 3: deeper pipeline
     (128, 8, 4, 1, False),  # idea 3: 8 warps
-    (256, 8, 3, 1, False),  # idea 4: a quarter of the activation re-reads (M >= 16 only)
+    (256, 8, 3, 1, False),  # idea 4: a quarter of the activation re-reads
+    (256, 4, 4, 1, False),  # idea 11: the 256-row tile at any M (the best gate_up tile of the silu-quant epilogue)
     (16, 4, 3, 1, True),  # idea 5: GEMV (M <= 4)
     (32, 4, 3, 1, True),
     (64, 4, 3, 1, True),
@@ -39,7 +40,7 @@ def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128) ->
     k_tiles = k // block_k
     out: list[SmallMConfig] = []
     for block_n, warps, stages, unroll, fma in families:
-        if (fma and m > FMA_MAX_M) or (block_n >= 256 and m < 16):
+        if fma and m > FMA_MAX_M:
             continue
         n_tiles = math.ceil(n / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), unroll)[0] for t in PROGRAM_TARGETS}

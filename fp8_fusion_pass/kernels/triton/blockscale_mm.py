@@ -89,8 +89,9 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 1, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
     # 31.5 us = 1.15x roofline; cuBLAS 45.1 us, bf16 61.6 us
     ("sm90", 1, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
-    # 72.5 us = 1.18x roofline; cuBLAS 89.6 us, bf16 133.4 us
-    ("sm90", 1, 51200, 5120): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
+    # 66.9 us (was 72.5 with the 128-row tile; the 256-row tile was first swept at M = 1 on 2026-12-01, by
+    # `benchmarks/gemm.py --ms 1,16 --only gate_up` on commit 9d4d147 + the sweep change); cuBLAS 89.6 us
+    ("sm90", 1, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'last', 1, False)),
     # 5.6 us = 5.57x roofline; cuBLAS 15.6 us, bf16 8.0 us
     ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
     # 6.0 us = 4.78x roofline; cuBLAS 18.3 us, bf16 8.4 us
