@@ -51,6 +51,7 @@ from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
 from fp8_fusion_pass.kernels.triton._blockscale_kernels import TiledConfig, default_tiled_config
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GEMV_MAX_M, GemvConfig
 from fp8_fusion_pass.kernels.triton._small_m_kernels import (
     SmallMConfig,
     default_small_m_config,
@@ -85,6 +86,8 @@ DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 rounding is ~1e-3
 REPEATS = 3  # extra calls that must reproduce a "last" split-K output bit for bit
+# The GEMV (M <= 4): rows per program x K per load step x the K loop's stages; 4 warps.
+SWEEP_GEMV = [GemvConfig(r, c, 4, s) for r in (2, 4, 8) for c in (512, 1024) for s in (1, 3)]
 SWEEP_TILED = [
     TiledConfig(64, 128, 8, 4, 4),
     TiledConfig(128, 128, 8, 8, 3),
@@ -183,7 +186,8 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
     return out
 
 
-def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch) -> tuple[dict, str]:
+def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch,
+              gemv_sweep=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -201,6 +205,9 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
             small[cfg] = cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
     for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
         cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
+    gemv: dict = {}
+    for cfg in gemv_sweep if m <= GEMV_MAX_M else []:
+        gemv[cfg] = cand[("gemv", cfg)] = measure(shape, q, xs, want, "gemv", cfg)
     sm_cfg, sm_best = _best_small_verified(shape, q, xs, small, cand)
     (path, cfg), best = _best(cand)
     if cfg is None and path == "tiled":  # a kernel default: pin it so a heuristic change cannot move it
@@ -212,6 +219,7 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
         "tiled_us": cand[("tiled", None)], "small_m_default_us": cand.get(("small_m", small_default)),
         "small_m_default_last_us": small.get(dataclasses.replace(small_default, reduce="last")),
         "small_m_best_us": sm_best, "small_m_best_config": repr(sm_cfg),
+        "gemv_best_us": _best(gemv)[1], "gemv_best_config": repr(_best(gemv)[0]),
         "best_path": path, "best_config": repr(cfg), "best_us": best, "best_over_roofline": best / roof,
         "cublas_over_best": cub / best if isinstance(cub, float) else None,
         "ideas": sweep.idea_ratios({c: v for c, v in small.items() if isinstance(v, float)}),
@@ -223,13 +231,13 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
-def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch):
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=()):
     rows, table_rows = [], []
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, gemv_sweep)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -257,7 +265,7 @@ def _ratio(a, b):
 
 def print_report(rows, table_rows) -> None:
     cols = ["shape", "M", "roofline_us", "bf16_us", "cublas_us", "tiled_us", "small_m_default_us", "small_m_best_us",
-            "best_path", "best_over_roofline", "cublas_over_best"]  # fmt: skip
+            "gemv_best_us", "best_path", "best_over_roofline", "cublas_over_best"]  # fmt: skip
     print(tabulate([[r[c] for c in cols] for r in rows], headers=cols, floatfmt=".2f"))
     small = [r for r in rows if r["M"] <= bm.SMALL_M_MAX]
     if small:
@@ -310,6 +318,7 @@ def main(argv=None) -> int:
     p.add_argument("--ms", help="comma-separated row counts (default: the table's M buckets)")
     p.add_argument("--only", help="comma-separated substrings of shape names to run (e.g. qwen3-32b)")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--small-only", action="store_true", help="no tiled sweep (M <= 64 runs)")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -324,13 +333,17 @@ def main(argv=None) -> int:
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     families, tiled_sweep = (sweep.QUICK_FAMILIES, SWEEP_TILED[:2]) if args.quick else (sweep.FAMILIES, SWEEP_TILED)
+    gemv_sweep = SWEEP_GEMV
+    if args.small_only:  # the small-M paths only: M <= 64, no tiled sweep
+        tiled_sweep = []
     if args.dry_run:
         shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
+        gemv_sweep = [GemvConfig(4, 256)]
     bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     t0 = time.time()
-    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     if args.json:

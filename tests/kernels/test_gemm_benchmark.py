@@ -12,10 +12,11 @@ import pytest
 
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
 from fp8_fusion_pass.kernels.triton._blockscale_kernels import TiledConfig
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig
 from fp8_fusion_pass.kernels.triton._small_m_kernels import FMA_MAX_M, SmallMConfig, split_plan
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-NAMES = {"Choice": bm.Choice, "SmallMConfig": SmallMConfig, "TiledConfig": TiledConfig}
+NAMES = {"Choice": bm.Choice, "SmallMConfig": SmallMConfig, "TiledConfig": TiledConfig, "GemvConfig": GemvConfig}
 
 
 def _parse(rows: list[str]) -> dict:

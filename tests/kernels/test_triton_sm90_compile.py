@@ -128,6 +128,14 @@ SCRIPT = textwrap.dedent(
                  BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=pdl_on)
         out[f"small_m_silu{' PDL' if pdl_on else ''} mode={mode} block_m={block_m}"] = build(
             sms._small_m_silu_quant_kernel, SILU, c, 8)
+    # the GEMV (M <= 4): one row and four rows of activations
+    from fp8_fusion_pass.kernels.triton import _gemv_kernels as gv
+    GEMV = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "as_ptr": "*fp32", "bs_ptr": "*fp32",
+            **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bn", "stride_cm", "stride_asm", "stride_ask",
+                                  "stride_bsn", "stride_bsk")}}
+    for block_m in (1, 4):
+        out[f"gemv block_m={block_m}"] = build(gv._gemv_kernel, GEMV, dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m,
+                                                                           SCALE_BLOCK=128, EMULATE_CAST=False), 4)
     RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}
     out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, EMULATE_CAST=False, PDL=True), 4)
     from fp8_fusion_pass.kernels.triton import _blockscale_kernels as bk
@@ -163,7 +171,7 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
-    assert len(result) == 27, sorted(result)
+    assert len(result) == 29, sorted(result)
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -9,6 +9,9 @@ Paths (all compute ``reference.blockscale_mm``: fp32 accumulation, per-128-K pro
   each tuning idea's prediction and measurement), where the GEMM is bound by weight bytes (N*K fp8 bytes, half
   of bf16): cuBLAS block-wise took 13.3 us at M=16, N=K=4096 on the H200 against ~3.9 us of weight bytes at
   copy bandwidth and 9.1 us for a bf16 GEMM (issue 7).
+- ``gemv``: for M <= 4, the Triton GEMV (``_gemv_kernels.py``): a few whole weight rows per program, thousands of
+  programs, one launch; modelled on a pure streaming read, which reached the roofline where the small-M GEMM did
+  not (``benchmarks/launch_floor.py``).
 - ``dequant``: the reference (dequantize, fp32 matmul); only when no kernel can run (an activation group
   below 32 values, or a device without fp8 Triton).
 
@@ -35,9 +38,11 @@ from ... import arch as _arch
 from .. import checks, cublas
 from .. import reference as _ref
 from ._blockscale_kernels import MIN_BLOCK_K, TiledConfig, promotion_block, tiled_mm, triton_unsupported
+from ._gemv_kernels import GEMV_MAX_M, GemvConfig, gemv_mm
+from ._gemv_kernels import unsupported as _gemv_unsupported
 from ._small_m_kernels import FMA_MAX_M, SmallMConfig, small_m_mm
 
-PATHS = ("cublas", "tiled", "small_m", "dequant")
+PATHS = ("cublas", "tiled", "small_m", "gemv", "dequant")
 # A row count uses the first bucket >= it; anything above 2048 uses the 8192 row.
 M_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 2048, 8192)
 # Up to here the GEMM is weight-bandwidth bound on an H200: 64 rows x 2 FLOP per weight byte is far below
@@ -48,50 +53,86 @@ SMALL_M_MAX = 64
 @dataclasses.dataclass(frozen=True)
 class Choice:
     path: str
-    config: TiledConfig | SmallMConfig | None = None  # None: the kernel's default for the shape
+    config: TiledConfig | SmallMConfig | GemvConfig | None = None  # None: the kernel's default for the shape
 
 
 # (arch name, M bucket, N, K) -> Choice, from ``benchmarks/gemm.py`` (see the module docstring).
 # fmt: off
 TABLE: dict[tuple[str, int, int, int], Choice] = {
-    # M buckets 1, 16, 64: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy
+    # M buckets 1 and 4: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s)
+    # by `python benchmarks/gemm.py --ms 1,4 --small-only` on commit f4ba5ab with the GEMV path (_gemv_kernels.py)
+    # among the candidates: it won at M = 1 on 13 of 16 shapes (all but the three down projections), by 1-14%; at M = 4 it was 1.7-2.3x slower than the small-M GEMM (it re-reads nothing but recomputes the
+    # weight tile's fp32 conversion per row), which keeps those rows.
+    # 9.1 us = 1.54x roofline; cuBLAS 19.4 us, bf16 14.9 us
+    ("sm90", 1, 6144, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # 10.4 us = 1.76x roofline; cuBLAS 16.2 us, bf16 16.1 us
+    ("sm90", 4, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
+    # 7.3 us = 1.85x roofline; cuBLAS 19.4 us, bf16 12.6 us
+    ("sm90", 1, 4096, 4096): Choice("gemv", GemvConfig(4, 1024, 4, 1)),
+    # 8.3 us = 2.11x roofline; cuBLAS 15.6 us, bf16 13.1 us
+    ("sm90", 4, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
+    # 26.6 us = 1.13x roofline; cuBLAS 37.4 us, bf16 49.6 us
+    ("sm90", 1, 24576, 4096): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # 27.9 us = 1.18x roofline; cuBLAS 35.3 us, bf16 49.9 us
+    ("sm90", 4, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
+    # 16.9 us = 1.43x roofline; cuBLAS 30.1 us, bf16 29.8 us
+    ("sm90", 1, 4096, 12288): Choice("small_m", SmallMConfig(128, 8, 8, 4, 'last', 1, False)),
+    # 17.1 us = 1.45x roofline; cuBLAS 26.3 us, bf16 30.8 us
+    ("sm90", 4, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False)),
+    # 30.8 us = 1.12x roofline; cuBLAS 48.8 us, bf16 61.2 us
+    ("sm90", 1, 28672, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # 31.4 us = 1.14x roofline; cuBLAS 38.4 us, bf16 56.8 us
+    ("sm90", 4, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
+    # 19.3 us = 1.41x roofline; cuBLAS 31.7 us, bf16 32.0 us
+    ("sm90", 1, 4096, 14336): Choice("small_m", SmallMConfig(128, 8, 4, 4, 'last', 1, False)),
+    # 19.2 us = 1.40x roofline; cuBLAS 29.8 us, bf16 32.0 us
+    ("sm90", 4, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'last', 1, False)),
+    # 15.8 us = 1.29x roofline; cuBLAS 24.0 us, bf16 27.9 us
+    ("sm90", 1, 10240, 5120): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # 17.3 us = 1.41x roofline; cuBLAS 20.2 us, bf16 28.4 us
+    ("sm90", 4, 10240, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False)),
+    # 14.4 us = 1.46x roofline; cuBLAS 25.0 us, bf16 26.1 us
+    ("sm90", 1, 5120, 8192): Choice("gemv", GemvConfig(8, 1024, 4, 1)),
+    # 14.7 us = 1.49x roofline; cuBLAS 22.0 us, bf16 26.7 us
+    ("sm90", 4, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
+    # 64.5 us = 1.05x roofline; cuBLAS 88.7 us, bf16 133.2 us
+    ("sm90", 1, 51200, 5120): Choice("gemv", GemvConfig(8, 1024, 4, 1)),
+    # 67.5 us = 1.10x roofline; cuBLAS 86.4 us, bf16 134.8 us
+    ("sm90", 4, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'last', 1, False)),
+    # 37.6 us = 1.23x roofline; cuBLAS 50.5 us, bf16 73.7 us
+    ("sm90", 1, 5120, 25600): Choice("small_m", SmallMConfig(128, 7, 4, 4, 'last', 1, False)),
+    # 37.0 us = 1.21x roofline; cuBLAS 47.3 us, bf16 77.0 us
+    ("sm90", 4, 5120, 25600): Choice("small_m", SmallMConfig(64, 5, 4, 4, 'last', 1, False)),
+    # 4.9 us = 4.94x roofline; cuBLAS 18.7 us, bf16 7.9 us
+    ("sm90", 1, 1024, 4096): Choice("gemv", GemvConfig(2, 1024, 4, 1)),
+    # 5.5 us = 5.62x roofline; cuBLAS 15.4 us, bf16 7.9 us
+    ("sm90", 4, 1024, 4096): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
+    # 15.2 us = 1.29x roofline; cuBLAS 24.1 us, bf16 27.7 us
+    ("sm90", 1, 12288, 4096): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # 16.8 us = 1.42x roofline; cuBLAS 20.1 us, bf16 28.3 us
+    ("sm90", 4, 12288, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False)),
+    # 17.0 us = 1.24x roofline; cuBLAS 25.3 us, bf16 30.4 us
+    ("sm90", 1, 14336, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # 18.8 us = 1.36x roofline; cuBLAS 20.6 us, bf16 30.1 us
+    ("sm90", 4, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
+    # 13.8 us = 1.41x roofline; cuBLAS 23.1 us, bf16 22.6 us
+    ("sm90", 1, 8192, 5120): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # 14.4 us = 1.46x roofline; cuBLAS 19.7 us, bf16 22.6 us
+    ("sm90", 4, 8192, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
+    # 5.6 us = 4.59x roofline; cuBLAS 21.6 us, bf16 8.1 us
+    ("sm90", 1, 1024, 5120): Choice("gemv", GemvConfig(2, 1024, 4, 1)),
+    # 6.0 us = 4.90x roofline; cuBLAS 18.5 us, bf16 8.2 us
+    ("sm90", 4, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
+    # 34.8 us = 1.13x roofline; cuBLAS 46.2 us, bf16 68.3 us
+    ("sm90", 1, 25600, 5120): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # 35.4 us = 1.15x roofline; cuBLAS 42.3 us, bf16 68.5 us
+    ("sm90", 4, 25600, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False)),
+    # M buckets 16, 64 (and 1 before the GEMV): measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy
     # 4.28 TB/s) by `python benchmarks/gemm.py --ms 1,16,64` (the merged engine shapes and the HF form's separate
     # q / k / v / gate / up shapes); each comment is the measured time of the chosen config. The in-launch
     # split-K sum ("last") is allowed since its counters moved out of cudagraph-tree pools (it passes
     # test_last_program_sum_under_cudagraph_trees on the H200); it was 4-9% faster than the two-launch sum.
-    # 5.5 us = 5.55x roofline; cuBLAS 18.8 us, bf16 7.8 us
-    ("sm90", 1, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 6, 'last', 1, False)),
-    # 5.9 us = 4.82x roofline; cuBLAS 21.6 us, bf16 8.3 us
-    ("sm90", 1, 1024, 5120): Choice("small_m", SmallMConfig(64, 8, 4, 6, 'last', 1, False)),
-    # 8.3 us = 2.11x roofline; cuBLAS 19.2 us, bf16 12.6 us
-    ("sm90", 1, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False)),
-    # 17.1 us = 1.45x roofline; cuBLAS 28.5 us, bf16 29.9 us
-    ("sm90", 1, 4096, 12288): Choice("small_m", SmallMConfig(128, 8, 8, 4, 'last', 1, False)),
-    # 18.9 us = 1.37x roofline; cuBLAS 31.3 us, bf16 32.1 us
-    ("sm90", 1, 4096, 14336): Choice("small_m", SmallMConfig(128, 8, 8, 4, 'last', 1, False)),
-    # 15.1 us = 1.54x roofline; cuBLAS 24.3 us, bf16 26.2 us
-    ("sm90", 1, 5120, 8192): Choice("small_m", SmallMConfig(128, 7, 8, 4, 'last', 1, False)),
-    # 36.9 us = 1.20x roofline; cuBLAS 48.3 us, bf16 74.3 us
-    ("sm90", 1, 5120, 25600): Choice("small_m", SmallMConfig(128, 7, 4, 4, 'last', 1, False)),
-    # 10.5 us = 1.79x roofline; cuBLAS 19.4 us, bf16 14.9 us
-    ("sm90", 1, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
-    # 14.3 us = 1.46x roofline; cuBLAS 22.9 us, bf16 22.7 us
-    ("sm90", 1, 8192, 5120): Choice("small_m", SmallMConfig(128, 4, 8, 4, 'last', 1, False)),
-    # 17.2 us = 1.40x roofline; cuBLAS 24.0 us, bf16 27.8 us
-    ("sm90", 1, 10240, 5120): Choice("small_m", SmallMConfig(128, 3, 8, 4, 'last', 1, False)),
-    # 16.4 us = 1.40x roofline; cuBLAS 23.3 us, bf16 27.7 us
-    ("sm90", 1, 12288, 4096): Choice("small_m", SmallMConfig(128, 4, 8, 4, 'last', 1, False)),
-    # 18.8 us = 1.37x roofline; cuBLAS 24.9 us, bf16 30.4 us
-    ("sm90", 1, 14336, 4096): Choice("small_m", SmallMConfig(128, 2, 8, 4, 'last', 1, False)),
-    # 28.1 us = 1.19x roofline; cuBLAS 37.6 us, bf16 49.6 us
-    ("sm90", 1, 24576, 4096): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
-    # 35.5 us = 1.16x roofline; cuBLAS 46.8 us, bf16 68.6 us
-    ("sm90", 1, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
-    # 31.5 us = 1.15x roofline; cuBLAS 45.1 us, bf16 61.6 us
-    ("sm90", 1, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 8, 4, 'last', 1, False)),
     # 66.9 us (was 72.5 with the 128-row tile; the 256-row tile was first swept at M = 1 on 2026-12-01, by
-    # `benchmarks/gemm.py --ms 1,16 --only gate_up` on commit 9d4d147 + the sweep change); cuBLAS 89.6 us
-    ("sm90", 1, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'last', 1, False)),
     # 5.6 us = 5.57x roofline; cuBLAS 15.6 us, bf16 8.0 us
     ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
     # 6.0 us = 4.78x roofline; cuBLAS 18.3 us, bf16 8.4 us
@@ -156,28 +197,8 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 64, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
     # 79.1 us = 1.26x roofline; cuBLAS 79.1 us, bf16 136.8 us
     ("sm90", 64, 51200, 5120): Choice("cublas"),
-    # M buckets 4 and 32: measured 2026-11-29 (same GPU and versions, `--ms 1,4,16,32,64`), when "last" was
-    # pinned to "kernel"; not re-measured.
-    # 8.3 us = 2.09x roofline; cuBLAS 15.8 us, bf16 13.0 us
-    ("sm90", 4, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 17.0 us = 1.43x roofline; cuBLAS 25.3 us, bf16 30.5 us
-    ("sm90", 4, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'kernel', 1, False)),
-    # 18.8 us = 1.36x roofline; cuBLAS 30.1 us, bf16 31.6 us
-    ("sm90", 4, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
-    # 14.9 us = 1.51x roofline; cuBLAS 21.7 us, bf16 26.3 us
-    ("sm90", 4, 5120, 8192): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 36.1 us = 1.17x roofline; cuBLAS 44.2 us, bf16 74.4 us
-    ("sm90", 4, 5120, 25600): Choice("small_m", SmallMConfig(64, 5, 4, 4, 'kernel', 1, False)),
-    # 10.1 us = 1.70x roofline; cuBLAS 16.1 us, bf16 16.0 us
-    ("sm90", 4, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 17.1 us = 1.38x roofline; cuBLAS 20.1 us, bf16 28.1 us
-    ("sm90", 4, 10240, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'kernel', 1, False)),
-    # 27.2 us = 1.15x roofline; cuBLAS 36.7 us, bf16 48.5 us
-    ("sm90", 4, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'kernel', 1, False)),
-    # 30.6 us = 1.11x roofline; cuBLAS 38.2 us, bf16 55.4 us
-    ("sm90", 4, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
-    # 70.7 us = 1.15x roofline; cuBLAS 87.5 us, bf16 129.4 us
-    ("sm90", 4, 51200, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'kernel', 1, False)),
+    # M bucket 32: measured 2026-11-29 (same GPU and versions, `--ms 1,4,16,32,64`), when "last" was pinned to
+    # "kernel"; not re-measured.
     # 9.3 us = 2.29x roofline; cuBLAS 16.0 us, bf16 13.5 us
     ("sm90", 32, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 6, 'kernel', 1, False)),
     # 18.8 us = 1.57x roofline; cuBLAS 38.0 us, bf16 29.4 us
@@ -198,6 +219,24 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 32, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
     # 68.2 us = 1.09x roofline; cuBLAS 85.0 us, bf16 132.2 us
     ("sm90", 32, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'kernel', 1, False)),
+}
+# (arch name, M bucket, N, K) -> the fastest small-M config where TABLE names another path (the GEMV): what the
+# grouped launch (``blockscale_mm_grouped``, a small-M kernel) runs for that merged shape. From the same
+# `benchmarks/gemm.py --ms 1,4 --small-only` run as TABLE's M = 1 rows (the us of that config in the comment).
+SMALL_M_BEST: dict[tuple[str, int, int, int], SmallMConfig] = {
+    ("sm90", 1, 6144, 4096): SmallMConfig(64, 4, 4, 6, 'last', 1, False),  # 10.45 us
+    ("sm90", 1, 4096, 4096): SmallMConfig(128, 4, 8, 4, 'last', 1, False),  # 8.38 us
+    ("sm90", 1, 24576, 4096): SmallMConfig(128, 1, 8, 4, 'last', 1, False),  # 28.09 us
+    ("sm90", 1, 28672, 4096): SmallMConfig(128, 1, 8, 4, 'last', 1, False),  # 31.25 us
+    ("sm90", 1, 10240, 5120): SmallMConfig(128, 3, 8, 4, 'last', 1, False),  # 17.26 us
+    ("sm90", 1, 5120, 8192): SmallMConfig(128, 7, 8, 4, 'last', 1, False),  # 15.16 us
+    ("sm90", 1, 51200, 5120): SmallMConfig(256, 1, 8, 3, 'last', 1, False),  # 66.92 us
+    ("sm90", 1, 1024, 4096): SmallMConfig(64, 8, 4, 6, 'last', 1, False),  # 5.56 us
+    ("sm90", 1, 12288, 4096): SmallMConfig(128, 4, 8, 4, 'last', 1, False),  # 16.39 us
+    ("sm90", 1, 14336, 4096): SmallMConfig(128, 2, 8, 4, 'last', 1, False),  # 18.40 us
+    ("sm90", 1, 8192, 5120): SmallMConfig(128, 4, 4, 4, 'last', 1, False),  # 14.68 us
+    ("sm90", 1, 1024, 5120): SmallMConfig(32, 8, 4, 4, 'last', 1, False),  # 6.03 us
+    ("sm90", 1, 25600, 5120): SmallMConfig(128, 1, 8, 4, 'last', 1, False),  # 35.32 us
 }
 # fmt: on
 
@@ -221,6 +260,8 @@ def unsupported(
         return cublas.blockwise_unsupported(a, device_type, fp8, n, k, group, out_dtype)
     if path in ("tiled", "small_m"):
         return _triton_unsupported(a, device_type, group)
+    if path == "gemv":
+        return _triton_unsupported(a, device_type, group) or _gemv_unsupported(1, k, group)
     if path == "dequant":
         return None
     return f"unknown path {path!r}; known: {', '.join(PATHS)}"
@@ -238,6 +279,8 @@ def default_choice(a: _arch.Arch, m: int, n: int, k: int) -> Choice:
 def _config_unsupported(choice: Choice, m: int) -> str | None:
     if isinstance(choice.config, SmallMConfig) and choice.config.fma and m > FMA_MAX_M:
         return f"the GEMV config takes M <= {FMA_MAX_M}"
+    if choice.path == "gemv" and m > GEMV_MAX_M:
+        return f"the gemv path takes M <= {GEMV_MAX_M}"
     return None
 
 
@@ -254,6 +297,22 @@ def plan(
         ):
             return choice
     raise AssertionError("unreachable: dequant is always supported")
+
+
+def small_m_plan(
+    a: _arch.Arch, device_type: str, fp8: torch.dtype, m: int, n: int, k: int, group: int, out_dtype: torch.dtype
+) -> Choice | None:
+    """For kernels built on the small-M GEMM (the grouped launch): ``plan``'s choice when it is small-M; where the
+    plan is the GEMV, the small-M config measured best at that shape (``SMALL_M_BEST``, else the default); None
+    where the plan is another path (cuBLAS / tiled measured faster) or the small-M kernel cannot run the GEMM."""
+    if m > SMALL_M_MAX or unsupported("small_m", a, device_type, fp8, n, k, group, out_dtype) is not None:
+        return None
+    choice = plan(a, device_type, fp8, m, n, k, group, out_dtype)
+    if choice.path == "small_m":
+        return choice
+    if choice.path == "gemv":
+        return Choice("small_m", SMALL_M_BEST.get((a.name, m_bucket(m), n, k)))
+    return None
 
 
 def _shape_facts(q, x_scale, w_q):
@@ -285,6 +344,10 @@ def _execute(path, q, x_scale, w_q, w_scale, out_dtype, config=None, variant=Non
         return tiled_mm(q, x_scale, w_q, w_scale, out_dtype, config)
     if path == "small_m":
         return small_m_mm(q, x_scale, w_q, w_scale, out_dtype, config)
+    if path == "gemv":
+        if m > GEMV_MAX_M:
+            raise ValueError(f"blockscale_mm: path 'gemv' takes M <= {GEMV_MAX_M}, got M={m}")
+        return gemv_mm(q, x_scale, w_q, w_scale, out_dtype, config)
     return _ref.blockscale_mm(q, x_scale, w_q, w_scale, out_dtype)
 
 

@@ -4,7 +4,8 @@ k / v or gate / up projections) in one small-M launch, each reading its own weig
 At decode each of those GEMMs is one or two launches of a few microseconds, much of it a fixed ramp and tail
 (``_small_m_kernels.py``); one launch over the concatenated N tiles pays that once and has the merged shape's
 parallelism. It is used where ``blockscale_mm`` would run the merged shape (N = sum of the N_i) on the small-M
-path, with that plan's config (the merged rows of ``blockscale_mm.TABLE``: Qwen3-8B qkv 6144 x 4096, gate_up
+path (or the GEMV, M = 1: then the small-M kernel's best measured config, ``blockscale_mm.SMALL_M_BEST``), with
+that plan's config (the merged rows of ``blockscale_mm.TABLE``: Qwen3-8B qkv 6144 x 4096, gate_up
 24576 x 4096). Anything else is ``torch.cat`` of per-weight ``blockscale_mm`` calls: the same values.
 """
 
@@ -39,10 +40,11 @@ def grouped_choice(q, x_scale, w_qs, out_dtype) -> _bm.Choice | None:
     m, k = q.shape
     n, group = sum(w.shape[0] for w in w_qs), k // x_scale.shape[1]
     a = _arch.arch_of(q.device)
-    if _bm.unsupported("small_m", a, q.device.type, q.dtype, n, k, group, out_dtype) is not None:
+    if m > _bm.SMALL_M_MAX:
         return None
-    choice = _bm.plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
-    return choice if choice.path == "small_m" else None
+    # Where the merged shape's plan is the GEMV (M = 1), the grouped launch runs the small-M kernel at that
+    # shape's measured best config (blockscale_mm.SMALL_M_BEST): the measured grouped HF decode kept as it was.
+    return _bm.small_m_plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
 
 
 def blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype: torch.dtype) -> torch.Tensor:

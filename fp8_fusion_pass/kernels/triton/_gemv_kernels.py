@@ -1,0 +1,111 @@
+"""Triton block-FP8 GEMV for M <= ``GEMV_MAX_M``: many small programs that each stream a few whole weight rows.
+
+Why (``benchmarks/launch_floor.py``, H200, CUDA-graph harness): a kernel that only reads 4 MB takes 1.28 us and one
+that reads 16 / 25 MB 3.9 / 5.9 us (1.01-1.05x the copy-bandwidth roofline), while the swap-AB small-M GEMM took
+5.5 / 8.3 / 10.5 us for the k|v, o and qkv weights of those sizes. The read kernel's shape is the recipe: 4-8
+programs per SM, each issuing its loads at once and reducing them, no split-K partials and no second launch.
+
+Here each program owns ``rows`` output columns and the whole K: it loads ``[rows, k_chunk]`` fp8 weight tiles
+(16-byte loads along the row), multiplies them by the activation row(s) in fp32, sums each 128-value block and
+promotes it by the weight-scale x activation-scale pair, as every path computes (``reference.blockscale_mm``:
+fp32 accumulation, per-128-K promotion; the order of the sums within a block differs from the MMA's, so the
+result is within the GEMM tolerance of the others, not bitwise equal). With N = 4096 and ``rows`` 4 that is 1024
+programs, ~8 per SM, each with a few KB in flight: parallel programs, not a deep pipeline, hide the latency.
+Activation groups of 128 only (one scale per weight block); M rows are a static loop reusing the weight tile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch as _arch
+from ._blockscale_kernels import SCALE_BLOCK
+from ._fp8 import round_to
+
+GEMV_MAX_M = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    rows: int = 4  # output columns (weight rows) per program
+    k_chunk: int = 1024  # K values per load step (a multiple of 128)
+    warps: int = 4
+    stages: int = 1  # num_stages of the K loop (Triton may pipeline its loads)
+
+    def __post_init__(self):
+        if self.rows < 1 or self.rows & (self.rows - 1) or self.k_chunk % SCALE_BLOCK or self.k_chunk & (
+                self.k_chunk - 1):
+            raise ValueError(f"GemvConfig: rows and k_chunk must be powers of two, k_chunk >= 128; got {self}")
+
+
+# M and N vary per call: no divisibility specialization for them.
+@triton.jit(do_not_specialize=["M", "N"])
+def _gemv_kernel(
+    a_ptr,  # q [M, K] fp8, K contiguous
+    b_ptr,  # w_q [N, K] fp8, K contiguous
+    c_ptr,  # out [M, N], row stride stride_cm
+    as_ptr,  # activation scales [M, K / 128]
+    bs_ptr,  # weight scales [ceil(N / 128), K / 128]
+    M, N, K,
+    stride_am, stride_bn, stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk,
+    ROWS: tl.constexpr, K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    EMULATE_CAST: tl.constexpr,
+):  # fmt: skip
+    rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rn_ok = rn < N
+    rn = tl.minimum(rn, N - 1).to(tl.int64)  # out-of-range rows read row N - 1; their stores are masked
+    offs_k = tl.arange(0, K_CHUNK)
+    offs_kb = tl.arange(0, K_CHUNK // SCALE_BLOCK)
+    offs_m = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, K_CHUNK):
+        k_ok = (k0 + offs_k) < K
+        w = tl.load(b_ptr + rn[:, None] * stride_bn + (k0 + offs_k)[None, :], mask=k_ok[None, :], other=0.0)
+        w = w.to(tl.float32)  # [ROWS, K_CHUNK]
+        kb = k0 // SCALE_BLOCK + offs_kb
+        kb_ok = kb < K // SCALE_BLOCK
+        ws = tl.load(bs_ptr + (rn // SCALE_BLOCK)[:, None] * stride_bsn + kb[None, :] * stride_bsk,
+                     mask=kb_ok[None, :], other=0.0)  # [ROWS, K_CHUNK / 128]; fmt: skip
+        for m in tl.static_range(BLOCK_M):
+            mm = tl.minimum(m, M - 1)
+            x = tl.load(a_ptr + mm * stride_am + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            xs = tl.load(as_ptr + mm * stride_asm + kb * stride_ask, mask=kb_ok, other=0.0)
+            blocks = tl.sum(tl.reshape(w * x[None, :], (ROWS, K_CHUNK // SCALE_BLOCK, SCALE_BLOCK)), 2)
+            part = tl.sum(blocks * ws * xs[None, :], 1)  # [ROWS]
+            acc = tl.where(offs_m[None, :] == m, acc + part[:, None], acc)
+    c_ptrs = c_ptr + offs_m[None, :] * stride_cm + rn[:, None]
+    tl.store(c_ptrs, round_to(acc, c_ptr.dtype.element_ty, EMULATE_CAST),
+             mask=rn_ok[:, None] & (offs_m < M)[None, :])  # fmt: skip
+
+
+def unsupported(m: int, k: int, group: int) -> str | None:
+    """Why the GEMV cannot take this GEMM (None when it can)."""
+    if m > GEMV_MAX_M:
+        return f"the GEMV takes M <= {GEMV_MAX_M}, got M={m}"
+    if group != SCALE_BLOCK or k % SCALE_BLOCK:
+        return f"the GEMV takes activation groups of {SCALE_BLOCK} and K % {SCALE_BLOCK} == 0 (group {group}, K={k})"
+    return None
+
+
+def gemv_mm(q, x_scale, w_q, w_scale, out_dtype, config: GemvConfig | None = None) -> torch.Tensor:
+    """``blockscale_mm`` for M <= GEMV_MAX_M (inputs validated by ``checks.py``); ValueError where it cannot."""
+    config = config or GemvConfig()
+    m, k = q.shape
+    n = w_q.shape[0]
+    reason = unsupported(m, k, k // x_scale.shape[1])
+    if reason is not None:
+        raise ValueError(f"blockscale GEMV: {reason}")
+    out = torch.empty((m, n), dtype=out_dtype, device=q.device)
+    if m == 0 or n == 0:
+        return out
+    _gemv_kernel[(triton.cdiv(n, config.rows),)](
+        q, w_q, out, x_scale, w_scale, m, n, k,
+        q.stride(0), w_q.stride(0), out.stride(0), *x_scale.stride(), *w_scale.stride(),
+        ROWS=config.rows, K_CHUNK=config.k_chunk, BLOCK_M=triton.next_power_of_2(m), SCALE_BLOCK=SCALE_BLOCK,
+        EMULATE_CAST=_arch.triton_interpreting(), num_warps=config.warps, num_stages=config.stages,
+    )  # fmt: skip
+    return out
