@@ -6,11 +6,11 @@ can be: the floor under every small-M GEMM and decode-sized kernel in ``gemm.py`
 
 Rows: an empty kernel (1 and 132 programs), then a streaming read of N bytes (the sizes of the decode GEMMs'
 weights: the 4 MB k / v projection of Qwen3-8B up to Qwen3-32B's 262 MB gate_up) by 132 x k programs, each
-summing its slab with 16-byte loads and storing one value; the best of k = 1, 2, 4, 8 programs per SM and two
-block sizes. Timing is ``_timing.time_graph`` (what every other benchmark uses: back-to-back calls in one CUDA
-graph, inputs rotating beyond 3x the 50 MB L2), so "read N bytes" is the fastest any kernel reading those bytes
-from HBM can be here, whatever it computes. The roofline of the other tables (bytes / copy bandwidth) ignores that
-floor; ``read / roofline`` says how far the floor alone is from it.
+summing its slab with 16-byte loads and storing one value (every byte read: the last slab is masked); the best
+of k = 1, 2, 4, 8 programs per SM and two block sizes. Timing is ``_timing.time_graph`` (what every other benchmark uses: back-to-back calls in one CUDA
+graph, inputs rotating beyond 3x the 50 MB L2), so "read N bytes" is what a plain streaming read of those bytes
+from HBM costs here, a yardstick for kernels that must read them; the roofline of the other tables (bytes / copy
+bandwidth) has no ramp, and ``read / roofline`` says how far a plain read is from it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import triton.language as tl
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 
-SIZES_MB = (1, 4, 16, 25, 58, 117, 262)  # k|v, o, qkv, down (Llama), gate_up (Llama), gate_up (Qwen3-32B)
+# 1 MB, then the decode GEMMs' weights: Qwen3-8B k|v, o, qkv, Llama-3.1-8B down, gate_up, Qwen3-32B gate_up
+SIZES_MB = (1, 4, 16, 25, 58, 117, 262)
 SMS = 132  # H200
 ROTATE_BYTES = 150e6
 
@@ -43,19 +44,26 @@ def _empty_kernel(p):
 
 
 @triton.jit
-def _read_kernel(src, dst, per_program, BLOCK: tl.constexpr):
-    """Sum ``per_program`` int32 words from this program's slab (a multiple of BLOCK), store one word."""
+def _read_kernel(src, dst, words, per_program, BLOCK: tl.constexpr):
+    """Sum this program's ``per_program`` int32 words (the last slab ends at ``words``), store one word."""
     start = tl.program_id(0).to(tl.int64) * per_program
+    end = tl.minimum(start + per_program, words)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for off in range(0, per_program, BLOCK):
-        acc += tl.load(src + start + off + tl.arange(0, BLOCK))
+    for off in range(start, end, BLOCK):
+        offs = off + tl.arange(0, BLOCK)
+        acc += tl.load(src + offs, mask=offs < end, other=0)
     tl.store(dst + tl.program_id(0), tl.sum(acc, 0))
+
+
+def read_plan(words: int, programs: int) -> int:
+    """Words per program so that ``programs`` slabs cover all ``words`` (the last one shorter)."""
+    return -(-words // programs)
 
 
 def _read_call(bufs, out, programs: int, block: int):
     words = bufs[0].numel()
-    per = words // programs // block * block
-    return lambda i: _read_kernel[(programs,)](bufs[i % len(bufs)], out, per, BLOCK=block, num_warps=4)
+    per = read_plan(words, programs)
+    return lambda i: _read_kernel[(programs,)](bufs[i % len(bufs)], out, words, per, BLOCK=block, num_warps=4)
 
 
 def main(argv=None) -> int:

@@ -66,9 +66,10 @@ def log(msg: str) -> None:
 
 
 def gemm_config(a: arch.Arch, m: int, n: int, k: int) -> SmallMConfig:
-    """The TABLE's small-M config for this shape, else the kernel's default."""
-    choice = bm.TABLE.get((a.name, bm.m_bucket(m), n, k))
-    if choice is not None and choice.path == "small_m" and choice.config is not None:
+    """The measured small-M config for this shape (TABLE's, or SMALL_M_BEST's where TABLE names the GEMV), else the
+    kernel's default. PDL is a small-M kernel feature."""
+    choice = bm.small_m_plan(a, "cuda", torch.float8_e4m3fn, m, n, k, 128, torch.bfloat16)
+    if choice is not None and choice.config is not None:
         return choice.config
     return default_small_m_config(n, k, a=a)
 

@@ -41,7 +41,7 @@ REASONS = {
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",
-    "unfused_pair_faster": "gemm_silu_quant: at this M and shape the GEMM and the silu-quant measured faster apart",
+    "unfused_pair_faster": "gemm_silu_quant: at this M and shape the fused launch has no measured win over two",
     # runtime gates
     "disabled_by_config": "the fusion is switched off in FusionConfig",
     "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",
@@ -153,15 +153,14 @@ def can_group_gemms(device: torch.device) -> Verdict:
     return can_fuse_on_gemm_backend("blockscale_mm_grouped", "blockscale_mm", device)
 
 
-def can_fuse_on_gemm_backend(fused_op: str, gemm_op, device: torch.device) -> Verdict:
-    """The GEMM-based fused op ``fused_op`` runs on the backend that runs the GEMM it replaces (``gemm_op``: a name
-    or an OpOverload of ``fp8_fusion``); otherwise the fused launch would be another backend's (on ROCm: Triton's
-    instead of aiter's GEMM, measured on no AMD GPU)."""
+def can_fuse_on_gemm_backend(fused_op: str, gemm_op: str, device: torch.device) -> Verdict:
+    """The GEMM-based fused op ``fused_op`` runs on the backend that runs the GEMM op ``gemm_op`` it replaces (both
+    ``fp8_fusion`` op names); otherwise the fused launch would be another backend's (on ROCm: Triton's instead of
+    aiter's GEMM, measured on no AMD GPU)."""
     from .kernels import backends
 
-    gemm = gemm_op if isinstance(gemm_op, str) else gemm_op._schema.name.split("::")[-1]
     try:
-        single, fused = (backends.backend_for(op, device) for op in (gemm, fused_op))
+        single, fused = (backends.backend_for(op, device) for op in (gemm_op, fused_op))
     except Exception as e:  # BackendUnavailable, or a backend that fails to import
         return reject("no_fused_kernel", f"{type(e).__name__}: {e}")
     if single != fused:
@@ -174,9 +173,22 @@ def can_fuse_on_gemm_backend(fused_op: str, gemm_op, device: torch.device) -> Ve
 SMALL_M_MAX = 64
 
 
+def can_fuse_gemm_epilogue(weights, scales) -> Verdict:
+    """On Triton, the fused gate/up GEMM reads gate and up in place: a merged weight's halves must not share a
+    128-row scale block, and gate and up must have one layout (fake tensors carry their strides)."""
+    from .kernels import backends
+
+    if backends.backend_for("blockscale_mm_silu_mul_group_quant", weights[0].device) != "triton":
+        return OK  # the other backends compose the unfused ops
+    from .kernels.triton import blockscale_mm_silu_quant as fused
+
+    reason = fused.layout_unsupported(weights, scales)
+    return OK if reason is None else reject("no_fused_kernel", f"the fused gate/up kernel cannot read them: {reason}")
+
+
 def should_fuse_gemm_epilogue(q, x_scale, weights, out_dtype: torch.dtype, group_size: int) -> Verdict:
-    """At a static M, the Triton fused gate/up GEMM + silu-quant runs its own launch (its measured table does not
-    prefer the unfused pair, and the kernel takes the shape); other backends compose the same ops."""
+    """At a static M, the Triton fused gate/up GEMM + silu-quant has a measured config (its table has a row that
+    prefers the fused launch, and the kernel takes the shape); other backends compose the same ops."""
     from .kernels import backends
 
     if backends.backend_for("blockscale_mm_silu_mul_group_quant", q.device) != "triton":
@@ -187,8 +199,10 @@ def should_fuse_gemm_epilogue(q, x_scale, weights, out_dtype: torch.dtype, group
     i = sum(w.shape[0] for w in weights) // 2
     a = _arch.arch_of(q.device)
     if fused.fused_config(a, q.device.type, q.dtype, m, i, k, k // x_scale.shape[1], group_size, out_dtype) is None:
-        return reject("unfused_pair_faster", f"M={m}, I={i}, K={k} on {a.name}: blockscale_mm_silu_quant.TABLE "
-                      "(or the kernel's shape limits) keeps the GEMM and the silu-quant as two launches")
+        why = ("measured no faster than the two launches (or its config does not fit the shape)"
+               if fused.measured(a, m, i, k) else "never measured on this GPU, so not assumed faster")  # fmt: skip
+        return reject("unfused_pair_faster", f"M={m}, I={i}, K={k} on {a.name}: the fused launch was {why} "
+                      "(blockscale_mm_silu_quant.TABLE); the GEMM and the silu-quant stay two launches")
     return OK
 
 

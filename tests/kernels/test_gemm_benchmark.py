@@ -9,6 +9,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
 from fp8_fusion_pass.kernels.triton._blockscale_kernels import TiledConfig
@@ -86,3 +87,17 @@ def test_dry_run(capsys):
     assert all(c.path in ("tiled", "small_m") and c.config is not None for c in table.values())
     assert "WRONG" not in out and "RACY" not in out
     assert "last/kernel @best" in out and "bf16-in GEMM" in out
+
+
+@pytest.mark.parametrize("words, programs", [(26214, 132), (99942, 528), (1024, 132), (7, 8)])
+def test_launch_floor_reads_every_word(words, programs):
+    # The first version dropped each program's tail (a 4 MB "read" read nothing at 4 programs per SM): the
+    # slabs must cover every word, and the kernel's sum must see them all.
+    import launch_floor
+
+    per = launch_floor.read_plan(words, programs)
+    assert per * programs >= words  # programs past the end get an empty slab
+    src = torch.ones(words, dtype=torch.int32)
+    out = torch.zeros(programs, dtype=torch.int32)
+    launch_floor._read_call([src], out, programs, 256)(0)
+    assert int(out.sum()) == words

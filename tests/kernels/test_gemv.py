@@ -54,6 +54,13 @@ def test_dispatch_runs_a_gemv_table_row_and_falls_back_where_it_cannot(monkeypat
         bm.run("gemv", q5, xs5, w, s, BF16)
 
 
+def test_plan_falls_back_to_the_small_m_config_measured_beside_a_gemv_row():
+    # Qwen3-8B qkv at M = 1 on a simulated H200 with 1x64 activation groups: the GEMV row cannot run them
+    with arch.simulate_arch("sm90") as a:
+        choice = bm.plan(a, "cuda", torch.float8_e4m3fn, 1, 6144, 4096, 64, BF16)
+    assert choice == bm.Choice("small_m", bm.SMALL_M_BEST[("sm90", 1, 6144, 4096)])
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="powers of two"):
         GemvConfig(3, 512)
@@ -65,8 +72,8 @@ def test_grouped_launch_keeps_the_small_m_kernel_where_the_merged_plan_is_the_ge
     from fp8_fusion_pass.kernels.triton import blockscale_mm_grouped as bmg
 
     a = arch.arch_of("cpu")
-    q, xs, w, s = make_inputs(1, 256, 512)
-    ws, ss = [w[:128], w[128:]], [s[:1], s[1:]]
+    q, xs, w, _ = make_inputs(1, 256, 512)
+    ws = [w[:128], w[128:]]
     best = SmallMConfig(64, 2, 4, 2, "last")
     monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(4, 256)))
     monkeypatch.setitem(bm.SMALL_M_BEST, (a.name, 1, 256, 512), best)

@@ -18,7 +18,10 @@ def test_gemm_config_is_the_tables_small_m_row():
     import pdl
 
     with arch.simulate_arch("sm90") as a:
-        assert pdl.gemm_config(a, 1, 6144, 4096) == bm.TABLE[("sm90", 1, 6144, 4096)].config
+        assert pdl.gemm_config(a, 16, 6144, 4096) == bm.TABLE[("sm90", 16, 6144, 4096)].config
+        # M = 1: TABLE names the GEMV, so the small-M config measured beside it
+        assert bm.TABLE[("sm90", 1, 6144, 4096)].path == "gemv"
+        assert pdl.gemm_config(a, 1, 6144, 4096) == bm.SMALL_M_BEST[("sm90", 1, 6144, 4096)]
         assert bm.TABLE[("sm90", 64, 24576, 4096)].path == "tiled"  # no small-M row: the kernel's default
         assert pdl.gemm_config(a, 64, 24576, 4096) == pdl.default_small_m_config(24576, 4096, a=a)
 

@@ -126,21 +126,103 @@ def test_on_a_backend_without_the_fused_kernel_it_is_rejected(monkeypatch):
     assert d.reason == "no_fused_kernel" and "aiter" in d.detail, r.render()
 
 
-def test_where_the_table_prefers_two_launches_it_says_so(monkeypatch):
+def test_on_triton_only_a_measured_win_is_fused(monkeypatch):
     from fp8_fusion_pass import arch
     from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
+    from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 
     (gm,) = capture(_GateUpDown(), torch.randn(3, 256, dtype=torch.bfloat16))
-    monkeypatch.setitem(bsq.TABLE, (arch.arch_of("cpu").name, 4, 256, 256), None)
-    with backends.use_backend("triton"):
-        r, out = run_pass(gm, EPILOGUE)
-    assert count(out, FUSED) == 0
+    key = (arch.arch_of("cpu").name, 4, 256, 256)
+
+    def rejection():
+        with backends.use_backend("triton"):
+            r, out = run_pass(gm, EPILOGUE)
+        found = [d for d in r.rejected if d.pattern == "gemm_silu_quant"]
+        return count(out, FUSED), found[0] if found else None, r
+
+    n, d, r = rejection()  # no row for this GEMM: never measured, not assumed faster
+    assert n == 0 and d.reason == "unfused_pair_faster" and "never measured" in d.detail, r.render()
+    monkeypatch.setitem(bsq.TABLE, key, None)  # measured: the two launches won
+    n, d, r = rejection()
+    assert n == 0 and "M=3, I=256, K=256" in d.detail and "no faster" in d.detail, r.render()
+    monkeypatch.setitem(bsq.TABLE, key, SmallMConfig(128, 1, 4, 2, "last"))  # measured: the fused launch won
+    n, d, r = rejection()
+    assert n == 1 and d is None, r.render()
+
+
+class _SplitGateUp(nn.Module):
+    """Two gate / up block-FP8 GEMMs of one activation (grouped by group_gemm) -> silu(gate) * up -> down."""
+
+    def __init__(self, gate_n=256, up_n=256):
+        super().__init__()
+        self.gate, self.up = BlockLinear(256, gate_n, seed=1), BlockLinear(256, up_n, seed=2)
+        self.down = BlockLinear(256, 256, seed=3)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def test_hf_split_form_is_taken_with_both_weights():
+    (gm,) = capture(_SplitGateUp(), torch.randn(3, 256, dtype=torch.bfloat16))
+    r, out = run_pass(gm, FusionConfig())
+    assert r.counts().get("gemm_silu_quant") == 1 and _weights_of(out) == [2], r.render()
+
+
+def test_grouped_gemms_that_are_not_the_silus_halves_are_left_alone():
+    class Uneven(nn.Module):  # silu_and_mul of [a (384) | b (128)]: its halves are 256 + 256, not a and b
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = BlockLinear(256, 384, seed=1), BlockLinear(256, 128, seed=2)
+            self.down = BlockLinear(256, 256, seed=3)
+
+        def forward(self, x):
+            return self.down(ops.silu_and_mul(torch.cat([self.a(x), self.b(x)], -1)))
+
+    (gm,) = capture(Uneven(), torch.randn(3, 256, dtype=torch.bfloat16))
+    r, out = run_pass(gm, FusionConfig())
+    assert r.counts().get("group_gemm") == 1 and count(out, FUSED) == 0, r.render()
     (d,) = [d for d in r.rejected if d.pattern == "gemm_silu_quant"]
-    assert d.reason == "unfused_pair_faster" and "M=3, I=256, K=256" in d.detail, r.render()
-    monkeypatch.delitem(bsq.TABLE, (arch.arch_of("cpu").name, 4, 256, 256))
+    assert d.reason == "unrecognized_spelling" and "(384, 256), (128, 256)" in d.detail, r.render()
+
+
+def test_a_merged_weight_whose_halves_share_a_scale_block_stays_two_launches_on_triton(monkeypatch):
+    from fp8_fusion_pass import arch
+    from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
+    from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
+
+    class Merged192(nn.Module):  # gate_up [384, 256]: I = 192, its 128-row scale block 1 spans gate and up
+        def __init__(self):
+            super().__init__()
+            self.gate_up, self.down = BlockLinear(256, 384, seed=1), BlockLinear(192, 256, 64, seed=2)
+
+        def forward(self, x):
+            return self.down(ops.silu_and_mul(self.gate_up(x)))
+
+    (gm,) = capture(Merged192(), torch.randn(3, 256, dtype=torch.bfloat16))
+    monkeypatch.setitem(bsq.TABLE, (arch.arch_of("cpu").name, 4, 192, 256), SmallMConfig(64, 1, 4, 2, "last"))
     with backends.use_backend("triton"):
         r, out = run_pass(gm, EPILOGUE)
+    (d,) = [d for d in r.rejected if d.pattern == "gemm_silu_quant"]
+    assert count(out, FUSED) == 0 and d.reason == "no_fused_kernel" and "multiple of 128" in d.detail, r.render()
+    r, out = run_pass(gm, EPILOGUE)  # the reference backend composes the unfused ops: any layout
     assert count(out, FUSED) == 1, r.render()
+
+
+def test_one_site_that_fails_to_rewrite_leaves_the_others(monkeypatch, engine_graph):
+    from fp8_fusion_pass.patterns import gemm_silu_quant
+
+    real, calls = gemm_silu_quant.rewrite, []
+
+    def first_fails(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return real(*args)
+
+    monkeypatch.setattr(gemm_silu_quant, "rewrite", first_fails)
+    r, gm = run_pass(engine_graph, EPILOGUE)
+    assert count(gm, FUSED) == LAYERS - 1 and count(gm, ops.silu_mul_group_quant.default) == 1
+    assert [e.detail for e in r.errors] == ["replacement raised RuntimeError: injected"], r.render()
 
 
 @pytest.mark.parametrize("form", ["engine", "hf"])

@@ -1,9 +1,10 @@
 """Triton block-FP8 GEMV for M <= ``GEMV_MAX_M``: many small programs that each stream a few whole weight rows.
 
-Why (``benchmarks/launch_floor.py``, H200, CUDA-graph harness): a kernel that only reads 4 MB takes 1.28 us and one
-that reads 16 / 25 MB 3.9 / 5.9 us (1.01-1.05x the copy-bandwidth roofline), while the swap-AB small-M GEMM took
-5.5 / 8.3 / 10.5 us for the k|v, o and qkv weights of those sizes. The read kernel's shape is the recipe: 4-8
-programs per SM, each issuing its loads at once and reducing them, no split-K partials and no second launch.
+Why: the swap-AB small-M GEMM took 5.5 / 8.3 / 10.5 us for the 4 / 16 / 25 MB k|v, o and qkv weights at M = 1
+(H200), 4-5 us over their rooflines, where an empty launch costs 0.6 us in the same harness
+(``benchmarks/launch_floor.py``). A streaming-read kernel is the recipe: 4-8 programs per SM, each issuing its
+loads at once and reducing them, no split-K partials and no second launch. Measured (``benchmarks/gemm.py --ms
+1,4``): 1-14% faster than the small-M GEMM at M = 1 on 13 of 16 shapes, 1.7-2.3x slower at M = 4.
 
 Here each program owns ``rows`` output columns and the whole K: it loads ``[rows, k_chunk]`` fp8 weight tiles
 (16-byte loads along the row), multiplies them by the activation row(s) in fp32, sums each 128-value block and

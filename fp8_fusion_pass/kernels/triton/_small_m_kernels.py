@@ -75,9 +75,13 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
     after the loop (two runs, 2 tiles prefetched): the GEMM alone 0.93-1.05x (o M=64 1.22x); quant -> GEMM
     0.88-0.89x at qkv / o M=1 (-1.2 to -1.5 us), 0.90x qkv M=64, 0.96-0.99x gate_up, 0.92x down M=64, but
     1.07-1.11x down M <= 16 and 1.19x o M=64. The prefetch itself was within noise of none. Off by default.
-Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.8-2.8x, the 1 MB k|v
-4.8-7.3x): a launch in a CUDA graph pays a roughly fixed ramp and tail whatever its size (the 4 KB group-quant
-kernel of a decode step runs 1.2 us, benchmarks/profile_step.py).
+11. The 256-row tile at M < 16 (the sweep had skipped it there): predicted no better (idea 4). Measured: the best
+    config for Qwen3-32B's 51200 x 5120 gate_up at M = 1, 66.9 us against 72.5 (``benchmarks/gemm.py --ms 1,16
+    --only gate_up``); the 8B gate_up shapes keep the 128-row tile.
+Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.8-2.8x, the 4 MB k|v
+4.8-7.3x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
+0.6 us in the harness, so most of the 4-5 us is the kernel's own ramp (a plain read of 9-17 MB also ran at only
+2.2-2.9 TB/s). At M = 1 the GEMV (``_gemv_kernels.py``) is 1-14% faster and took those TABLE rows.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ Paths (all compute ``reference.blockscale_mm``: fp32 accumulation, per-128-K pro
   of bf16): cuBLAS block-wise took 13.3 us at M=16, N=K=4096 on the H200 against ~3.9 us of weight bytes at
   copy bandwidth and 9.1 us for a bf16 GEMM (issue 7).
 - ``gemv``: for M <= 4, the Triton GEMV (``_gemv_kernels.py``): a few whole weight rows per program, thousands of
-  programs, one launch; modelled on a pure streaming read, which reached the roofline where the small-M GEMM did
-  not (``benchmarks/launch_floor.py``).
+  programs, one launch, shaped like a streaming-read kernel; the TABLE's choice at M = 1 on most shapes.
 - ``dequant``: the reference (dequantize, fp32 matmul); only when no kernel can run (an activation group
   below 32 values, or a device without fp8 Triton).
 
@@ -61,8 +60,9 @@ class Choice:
 TABLE: dict[tuple[str, int, int, int], Choice] = {
     # M buckets 1 and 4: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s)
     # by `python benchmarks/gemm.py --ms 1,4 --small-only` on commit f4ba5ab with the GEMV path (_gemv_kernels.py)
-    # among the candidates: it won at M = 1 on 13 of 16 shapes (all but the three down projections), by 1-14%; at M = 4 it was 1.7-2.3x slower than the small-M GEMM (it re-reads nothing but recomputes the
-    # weight tile's fp32 conversion per row), which keeps those rows.
+    # among the candidates: it won at M = 1 on 13 of 16 shapes (all but the three down projections), by 1-14%;
+    # at M = 4 it was 1.7-2.3x slower than the small-M GEMM (its CUDA-core multiply-adds grow with M), which
+    # keeps those rows.
     # 9.1 us = 1.54x roofline; cuBLAS 19.4 us, bf16 14.9 us
     ("sm90", 1, 6144, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
     # 10.4 us = 1.76x roofline; cuBLAS 16.2 us, bf16 16.1 us
@@ -127,12 +127,11 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 1, 25600, 5120): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
     # 35.4 us = 1.15x roofline; cuBLAS 42.3 us, bf16 68.5 us
     ("sm90", 4, 25600, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False)),
-    # M buckets 16, 64 (and 1 before the GEMV): measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy
-    # 4.28 TB/s) by `python benchmarks/gemm.py --ms 1,16,64` (the merged engine shapes and the HF form's separate
+    # M buckets 16, 64: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s)
+    # by `python benchmarks/gemm.py --ms 1,16,64` (the merged engine shapes and the HF form's separate
     # q / k / v / gate / up shapes); each comment is the measured time of the chosen config. The in-launch
     # split-K sum ("last") is allowed since its counters moved out of cudagraph-tree pools (it passes
     # test_last_program_sum_under_cudagraph_trees on the H200); it was 4-9% faster than the two-launch sum.
-    # 66.9 us (was 72.5 with the 128-row tile; the 256-row tile was first swept at M = 1 on 2026-12-01, by
     # 5.6 us = 5.57x roofline; cuBLAS 15.6 us, bf16 8.0 us
     ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
     # 6.0 us = 4.78x roofline; cuBLAS 18.3 us, bf16 8.4 us
@@ -288,8 +287,11 @@ def plan(
     a: _arch.Arch, device_type: str, fp8: torch.dtype, m: int, n: int, k: int, group: int, out_dtype: torch.dtype
 ) -> Choice:
     """The path for this GEMM: the table's, else the default, else the first legal fallback. Pure."""
-    wanted = TABLE.get((a.name, m_bucket(m), n, k)) or default_choice(a, m, n, k)
-    fallbacks = [wanted, Choice("small_m" if m <= SMALL_M_MAX else "tiled"), Choice("tiled"), Choice("dequant")]
+    key = (a.name, m_bucket(m), n, k)
+    wanted = TABLE.get(key) or default_choice(a, m, n, k)
+    # Where the table's GEMV cannot run (e.g. 1x64 activation groups), the small-M config measured beside it.
+    small = Choice("small_m", SMALL_M_BEST.get(key)) if m <= SMALL_M_MAX else Choice("tiled")
+    fallbacks = [wanted, small, Choice("tiled"), Choice("dequant")]
     for choice in fallbacks:
         if (
             _config_unsupported(choice, m) is None

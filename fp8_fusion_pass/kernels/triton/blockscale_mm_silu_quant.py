@@ -1,18 +1,20 @@
 """``blockscale_mm_silu_mul_group_quant`` on the Triton backend: the gate/up GEMM with the down projection's input
 quant in its epilogue, where that measured faster than the two launches it replaces; else exactly those two.
 
-Choice per (arch, M bucket, I, K): ``TABLE`` (measured by ``benchmarks/gemm_silu_quant.py`` on the GPU; a None
-entry means the unfused pair won there), else ``default_config`` (reasoned) for M <= ``SMALL_M_MAX``, else the
-unfused pair. On the H200 the fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B,
-M <= 32; Qwen3-8B and Llama-3.1-8B at M = 32, by 2-3%): see the table's comment. The fused launch is ``_small_m_silu_kernels.py``; the unfused pair is ``blockscale_mm`` (or
-``blockscale_mm_grouped`` for separate gate / up weights) then ``silu_mul_group_quant``, the graph the pass
-started from, so a shape the fused kernel cannot take computes the same thing.
+Choice per (arch, M bucket, I, K): the config in ``TABLE`` (measured by ``benchmarks/gemm_silu_quant.py`` on the
+GPU), else the unfused pair: where the table has None (the pair won or tied), no row (never measured: 2 of the 3
+measured shapes showed no gain, so an unmeasured one is not assumed to gain), or M > ``SMALL_M_MAX``. On the H200
+the fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B at M = 4-32; Qwen3-8B and
+Llama-3.1-8B at M = 32, by 2-3%): see the table's comment.
+
+The fused launch is ``_small_m_silu_kernels.py``; the unfused pair is ``blockscale_mm`` (or ``blockscale_mm_grouped``
+for separate gate / up weights) then ``silu_mul_group_quant``, the graph the pass started from, so a shape the
+fused kernel cannot take computes the same thing.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 
 from ... import arch as _arch
 from .. import checks
@@ -25,7 +27,6 @@ from .silu_mul_group_quant import silu_mul_group_quant
 
 OP = "blockscale_mm_silu_mul_group_quant"
 SMALL_M_MAX = _bm.SMALL_M_MAX
-ONE_WAVE = 132  # programs: one per SM of an H200 (arch.py does not carry the SM count)
 
 # (arch name, M bucket, I, K) -> the fused launch's config, or None where the unfused pair was faster.
 # fmt: off
@@ -56,8 +57,9 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | None] = {
     ('sm90', 32, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last'),
     # fused 38.5 us vs unfused 38.9 us, roofline 27.9 us
     ('sm90', 64, 14336, 4096): None,
-    # fused 65.8 us vs unfused 73.2 us, roofline 61.7 us
-    ('sm90', 1, 25600, 5120): SmallMConfig(128, 1, 8, 3, 'last'),
+    # fused 65.8 us vs unfused 73.2 us, roofline 61.7 us. Since then (b0f8f77) the unfused GEMM at M = 1 is the
+    # GEMV, 64.5 us (blockscale_mm.TABLE): with the ~1.3 us silu-quant the pair is a tie, so no fused launch here.
+    ('sm90', 1, 25600, 5120): None,
     # fused 65.5 us vs unfused 71.9 us, roofline 61.7 us
     ('sm90', 4, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
     # fused 66.3 us vs unfused 69.3 us, roofline 61.8 us
@@ -68,16 +70,6 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | None] = {
     ('sm90', 64, 25600, 5120): None,
 }
 # fmt: on
-
-
-def default_config(i: int, k: int, group_size: int) -> SmallMConfig:
-    """For a shape without a TABLE row: what won on the three measured shapes (128 output columns, i.e. 256 weight
-    rows per program, 4 warps, 4 stages, one wave of 96-200 programs with no split), with K split only as far as
-    one program per SM (132 on an H200) needs, keeping >= 4 K tiles per split: a narrow I still fills the GPU."""
-    block_n = max(128, group_size)
-    n_tiles, k_tiles = triton.cdiv(i, block_n), k // SCALE_BLOCK
-    split = max(1, min(ONE_WAVE // n_tiles, k_tiles // 4))
-    return SmallMConfig(block_n=block_n, split_k=split, warps=4, stages=4, reduce="last")
 
 
 def _gate_up(w_qs, w_scales):
@@ -99,15 +91,29 @@ def _gate_up(w_qs, w_scales):
 
 def fused_config(a: _arch.Arch, device_type: str, fp8: torch.dtype, m: int, i: int, k: int, group_k: int,
                  group_size: int, out_dtype: torch.dtype) -> SmallMConfig | None:
-    """The fused launch's config for this GEMM, or None when the unfused pair runs (measured faster, M above the
-    small-M range, or a shape / device the kernel cannot take). Pure: no tensors."""
+    """The fused launch's measured config for this GEMM, or None when the unfused pair runs (no TABLE row, the
+    row's None, M above the small-M range, or a shape / device the kernel cannot take). Pure: no tensors."""
     if m > SMALL_M_MAX or _bm.unsupported("small_m", a, device_type, fp8, 2 * i, k, group_k, out_dtype):
         return None
-    key = (a.name, _bm.m_bucket(m), i, k)
-    config = TABLE[key] if key in TABLE else default_config(i, k, group_size)
+    config = TABLE.get((a.name, _bm.m_bucket(m), i, k))
     if config is None or unsupported(i, group_size, config) is not None:
         return None
     return config
+
+
+def measured(a: _arch.Arch, m: int, i: int, k: int) -> bool:
+    """Has ``TABLE`` a row (a config or None) for this GEMM: for the report's wording."""
+    return (a.name, _bm.m_bucket(m), i, k) in TABLE
+
+
+def layout_unsupported(w_qs, w_scales) -> str | None:
+    """Why the fused kernel cannot read these gate / up weights in place (None when it can); fake tensors do."""
+    if _gate_up(w_qs, w_scales) is not None:
+        return None
+    if len(w_qs) == 1:
+        return (f"the merged weight's halves share a 128-row scale block (I = {w_qs[0].shape[0] // 2} is not a "
+                "multiple of 128)")  # fmt: skip
+    return "gate and up are laid out differently (strides), or not K-contiguous"
 
 
 def blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype: torch.dtype, group_size: int = 128):
