@@ -40,8 +40,6 @@ def grouped_choice(q, x_scale, w_qs, out_dtype) -> _bm.Choice | None:
     m, k = q.shape
     n, group = sum(w.shape[0] for w in w_qs), k // x_scale.shape[1]
     a = _arch.arch_of(q.device)
-    if m > _bm.SMALL_M_MAX:
-        return None
     # Where the merged shape's plan is the GEMV (M = 1), the grouped launch runs the small-M kernel at that
     # shape's measured best config (blockscale_mm.SMALL_M_BEST): the measured grouped HF decode kept as it was.
     return _bm.small_m_plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
