@@ -173,6 +173,14 @@ def can_fuse_on_gemm_backend(fused_op: str, gemm_op: str, device: torch.device) 
 SMALL_M_MAX = 64
 
 
+def can_small_m(rows, kernel: str) -> Verdict:
+    """A static row count within the small-M kernels' ``SMALL_M_MAX`` (above it their ops would run the unfused
+    GEMMs, for nothing); a symbolic one passes, and the op picks per call."""
+    if isinstance(rows, int) and rows > SMALL_M_MAX:
+        return reject("m_above_small_m", f"M={rows} is above the {kernel}'s {SMALL_M_MAX} rows")
+    return OK
+
+
 def can_fuse_gemm_epilogue(weights, scales) -> Verdict:
     """On Triton, the fused gate/up GEMM reads gate and up in place: a merged weight's halves must not share a
     128-row scale block, and gate and up must have one layout (fake tensors carry their strides)."""

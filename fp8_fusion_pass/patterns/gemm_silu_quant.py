@@ -38,6 +38,7 @@ from torch.fx import Graph, Node
 from .. import guards
 from . import _graph
 from ._graph import BLOCKSCALE_MM
+from ._site import group_size_of
 
 aten = torch.ops.aten
 SILU_QUANT = torch.ops.fp8_fusion.silu_mul_group_quant.default
@@ -56,10 +57,6 @@ def _gemm_of(silu: Node):
     if gemm.target is GROUPED and len(gemm.args[2]) == 2:
         return gemm, list(gemm.args[2]), list(gemm.args[3]), chain
     return None
-
-
-def _group_size(silu: Node) -> int:
-    return silu.args[1] if len(silu.args) > 1 else silu.kwargs.get("group_size", 128)
 
 
 def _only_user(node: Node, user: Node) -> bool:
@@ -89,22 +86,20 @@ def _check(silu: Node, gemm: Node, weights, scales, chain: list[Node]) -> guards
     return guards.first_failure(  # the GEMM's backend: blockscale_mm's (a grouped one exists only where it matches)
         lambda: guards.can_fuse_on_gemm_backend("blockscale_mm_silu_mul_group_quant", "blockscale_mm", qv.device),
         lambda: guards.can_fuse_gemm_epilogue(w_vals, s_vals),
-        lambda: _static_m_guards(qv, _graph.val(x_scale), w_vals, _graph.val(gemm).dtype, _group_size(silu)),
+        lambda: guards.can_small_m(qv.shape[0], "fused kernel"),
+        lambda: _should_fuse(qv, _graph.val(x_scale), w_vals, _graph.val(gemm).dtype, group_size_of(silu)),
     )
 
 
-def _static_m_guards(qv, x_scale, w_vals, out_dtype, group_size: int) -> guards.Verdict:
-    m = qv.shape[0]
-    if not isinstance(m, int):
+def _should_fuse(qv, x_scale, w_vals, out_dtype, group_size: int) -> guards.Verdict:
+    if not isinstance(qv.shape[0], int):
         return guards.OK  # symbolic M: the op chooses per call
-    if m > guards.SMALL_M_MAX:
-        return guards.reject("m_above_small_m", f"M={m} is above the fused kernel's {guards.SMALL_M_MAX} rows")
     return guards.should_fuse_gemm_epilogue(qv, x_scale, w_vals, out_dtype, group_size)
 
 
 def rewrite(graph: Graph, silu: Node, gemm: Node, weights, scales, chain: list[Node]) -> str:
     q, x_scale, out_dtype = gemm.args[0], gemm.args[1], gemm.args[-1]
-    g = _group_size(silu)
+    g = group_size_of(silu)
     lead = list(chain[0].args[1][:-1]) if chain else None  # the silu input's leading dims, as the graph spells them
     out_q, out_s = _graph.val(silu)
     with _graph.Edit(graph, before=silu) as e:
@@ -126,10 +121,11 @@ def run(graph: Graph, report) -> None:
         if found is None:
             continue  # fed by something else than a GEMM: not a candidate (nothing to explain)
         gemm, weights, scales, chain = found
-        if not all(u.target is operator.getitem for u in silu.users):
-            continue
         shapes, dtype = _graph.shape_str(q=gemm.args[0], y=gemm), _graph.dtype_str(gemm)
-        verdict = _check(silu, gemm, weights, scales, chain)
+        if not all(u.target is operator.getitem for u in silu.users):  # defensive: post-grad graphs index tuples
+            verdict = guards.reject("extra_consumer", f"{silu.name}'s (q, scale) tuple is used whole")
+        else:
+            verdict = _check(silu, gemm, weights, scales, chain)
         if not verdict.ok:
             report.reject(NAME, gemm.name, verdict.reason, f"{verdict.detail}: left as two launches", shapes, dtype)
             continue

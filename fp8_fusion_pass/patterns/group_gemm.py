@@ -136,31 +136,20 @@ class _NotBefore(ValueError):
     pass
 
 
-# The grouped launch is a small-M kernel (guards.SMALL_M_MAX); above that many rows the op concatenates separate
-# GEMMs, one extra copy for nothing, so a graph whose M is known to be larger keeps them.
-SMALL_M_MAX = guards.SMALL_M_MAX
-
-
-def _rows_above_small_m(q: Node) -> int | None:
-    v = _graph.val(q)
-    m = v.shape[0] if isinstance(v, torch.Tensor) else None
-    return m if isinstance(m, int) and m > SMALL_M_MAX else None
-
-
 def run(graph: Graph, report) -> None:
     for gemms in groups(graph):
         q = gemms[0].args[0]
         shapes, dtype = _graph.shape_str(q=q), _graph.dtype_str(gemms[0])
         v = _graph.val(q)
-        verdict = guards.can_group_gemms(v.device if isinstance(v, torch.Tensor) else torch.device("cpu"))
+        # The grouped launch is a small-M kernel: above its rows the op would concatenate separate GEMMs, one
+        # extra copy for nothing, so a graph whose M is known to be larger keeps them.
+        device, rows = (v.device, v.shape[0]) if isinstance(v, torch.Tensor) else (torch.device("cpu"), None)
+        verdict = guards.can_group_gemms(device)
+        if verdict.ok:
+            verdict = guards.can_small_m(rows, "grouped kernel")
         if not verdict.ok:
             report.reject(NAME, gemms[0].name, verdict.reason, f"{verdict.detail}: {len(gemms)} GEMMs left separate",
                           shapes, dtype)  # fmt: skip
-            continue
-        m = _rows_above_small_m(q)
-        if m is not None:
-            report.reject(NAME, gemms[0].name, "m_above_small_m", f"M={m} is above the grouped kernel's "
-                          f"{SMALL_M_MAX} rows: {len(gemms)} GEMMs left separate", shapes, dtype)  # fmt: skip
             continue
         try:
             detail = rewrite(graph, gemms)

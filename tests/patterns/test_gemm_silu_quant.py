@@ -242,3 +242,4 @@ def test_whole_model_outputs_are_unchanged_on_the_reference_backend(form):
             assert report_mod.last_report().counts().get("gemm_silu_quant", 0) == (LAYERS if on else 0)
     torch._dynamo.reset()
     assert torch.equal(outs[True], outs[False])
+

@@ -128,10 +128,10 @@ def test_only_an_in_order_concat_of_all_slices_folds(order, folds):
 
 
 def test_static_prefill_graphs_keep_separate_gemms():
+    from fp8_fusion_pass import guards
     from fp8_fusion_pass.kernels.triton import blockscale_mm
-    from fp8_fusion_pass.patterns import group_gemm
 
-    assert group_gemm.SMALL_M_MAX == blockscale_mm.SMALL_M_MAX
+    assert guards.SMALL_M_MAX == blockscale_mm.SMALL_M_MAX
     m = build_model("qwen3-tiny", form="hf", layers=1)
     (gm,) = capture(m, *example_inputs(m, 1, 65))  # 65 rows: above the small-M range
     r, out = run_pass(gm, GROUP)
