@@ -14,7 +14,8 @@ For the Qwen3-8B / Llama-3.1-8B / Qwen3-32B projection shapes (N x K) and M in `
 bf16 ``torch.mm``, cuBLAS block-wise (``torch._scaled_mm`` with its layout work), the Triton tiled GEMM, the
 Triton small-M GEMM (its default config, and the best of the sweep in ``_gemm_sweep.py``), and the roofline: the
 minimum bytes (fp8 weight + scales + fp8 activation + scales + bf16 output) over the copy bandwidth measured in
-the same run. At M <= 64 also the activation quant: ``group_quant`` + the best small-M GEMM against the small-M
+the same run, and the read floor: a plain streaming read of those bytes timed in the same run (``_read_floor.py``),
+what any kernel that must read them pays here for its ramp and tail. At M <= 64 also the activation quant: ``group_quant`` + the best small-M GEMM against the small-M
 GEMM quantizing its bf16 input itself (``small_m_mm_bf16``), for the pass's small-M "worth it" table.
 
 Timing: each candidate is captured ``reps`` times into one CUDA graph, cycling through enough weight copies
@@ -42,6 +43,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 
 import _gemm_sweep as sweep
 import triton
+from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 from triton.compiler.errors import CompilationError
@@ -124,10 +126,12 @@ class Shape:
         q, xs = ref.group_quant(x, 128, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
         return x, q, xs
 
-    def roofline_us(self, m: int, bw: float) -> float:
+    def min_bytes(self, m: int) -> int:
         n, k = self.n, self.k
-        nbytes = n * k + (n // 128) * (k // 128) * 4 + m * k + m * (k // 128) * 4 + m * n * 2
-        return nbytes / bw * 1e6
+        return n * k + (n // 128) * (k // 128) * 4 + m * k + m * (k // 128) * 4 + m * n * 2
+
+    def roofline_us(self, m: int, bw: float) -> float:
+        return self.min_bytes(m) / bw * 1e6
 
 
 def timed(what: str, call, want, copies: int, repeatable: bool = False) -> float | str:
@@ -186,7 +190,7 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
     return out
 
 
-def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch,
+def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
               gemv_sweep=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
@@ -213,6 +217,7 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     if cfg is None and path == "tiled":  # a kernel default: pin it so a heuristic change cannot move it
         cfg = default_tiled_config(m, a)
     roof = shape.roofline_us(m, bw)
+    read = floor.us(shape.min_bytes(m))
     cub = cand[("cublas", None)]
     row = {
         "N": n, "K": k, "M": m, "roofline_us": roof, "bf16_us": bf16, "cublas_us": cub,
@@ -221,6 +226,7 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
         "small_m_best_us": sm_best, "small_m_best_config": repr(sm_cfg),
         "gemv_best_us": _best(gemv)[1], "gemv_best_config": repr(_best(gemv)[0]),
         "best_path": path, "best_config": repr(cfg), "best_us": best, "best_over_roofline": best / roof,
+        "read_floor_us": read, "best_over_read_floor": best / read,
         "cublas_over_best": cub / best if isinstance(cub, float) else None,
         "ideas": sweep.idea_ratios({c: v for c, v in small.items() if isinstance(v, float)}),
     }  # fmt: skip
@@ -233,11 +239,12 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
 
 def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=()):
     rows, table_rows = [], []
+    floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, gemv_sweep)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -265,7 +272,8 @@ def _ratio(a, b):
 
 def print_report(rows, table_rows) -> None:
     cols = ["shape", "M", "roofline_us", "bf16_us", "cublas_us", "tiled_us", "small_m_default_us", "small_m_best_us",
-            "gemv_best_us", "best_path", "best_over_roofline", "cublas_over_best"]  # fmt: skip
+            "gemv_best_us", "best_path", "read_floor_us", "best_over_roofline", "best_over_read_floor",
+            "cublas_over_best"]  # fmt: skip
     print(tabulate([[r[c] for c in cols] for r in rows], headers=cols, floatfmt=".2f"))
     small = [r for r in rows if r["M"] <= bm.SMALL_M_MAX]
     if small:
@@ -274,6 +282,10 @@ def print_report(rows, table_rows) -> None:
               f"M={worst['M']} (target <= 1.5x); rows over 1.5x: "
               f"{sum(r['best_over_roofline'] > 1.5 for r in small)} of {len(small)}; rows slower than cuBLAS: "
               f"{sum((r['cublas_over_best'] or 9) < 1 for r in small)}")  # fmt: skip
+        worst = max(small, key=lambda r: r["best_over_read_floor"])
+        print(f"M <= {bm.SMALL_M_MAX}: worst best/read floor {worst['best_over_read_floor']:.2f}x at {worst['shape']} "
+              f"M={worst['M']}; rows over 1.5x the read floor: "
+              f"{sum(r['best_over_read_floor'] > 1.5 for r in small)} of {len(small)}")  # fmt: skip
         print("\nTuning ideas (_small_m_kernels.py notes): time with / time without, < 1 = the idea helps")
         ideas = list(sweep.IDEAS)
         print(

@@ -17,6 +17,8 @@ sizes at TP 1, 2, 4, 8 (silu), and M in {1, 16, 64, 256, 2048, 8192}, it times:
             stays static), and the largest M runs first, so Inductor autotunes its kernels at M = 8192.
   roofline  minimum bytes (inputs read once, outputs written once) / copy bandwidth measured in this run
             (a 2 GiB device-to-device copy, read + write counted; ``_timing.copy_bandwidth``).
+  read floor  a plain streaming read of those minimum bytes, timed in this run (``_read_floor.py``): what any
+            kernel moving them pays here for its ramp and tail, which the roofline leaves out.
 Timing (``_timing.time_graph``): calls captured into one CUDA graph, cycling through input copies that together
 exceed 3x the 50 MB L2 (at most 64 copies: M = 1 shapes stay L2-resident and launch-bound), median over replays.
 
@@ -43,6 +45,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 
 import _kernel_sweep
 import triton
+from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 
@@ -174,8 +177,8 @@ def _check(case: Case, a: arch.Arch) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def measure(case: Case, compiled, bw: float) -> dict:
-    """One row: the three implementations of ``case`` and its roofline, in microseconds per call."""
+def measure(case: Case, compiled, bw: float, floor: ReadFloor) -> dict:
+    """One row: the three implementations of ``case``, its roofline and read floor, in microseconds per call."""
     dry = DEVICE == "cpu"
     t_fused = time_graph(case.fused, case.copies, dry)
     t_unfused = time_graph(case.unfused, case.copies, dry)
@@ -186,17 +189,20 @@ def measure(case: Case, compiled, bw: float) -> dict:
             _mark_m_dynamic(r)
         t_ind = time_graph(lambda i: compiled(*case.inputs[i], case.w), case.copies, dry)
     roof = case.min_bytes / bw * 1e6
+    read = floor.us(case.min_bytes)
     peer = t_unfused if compiled is None else min(t_unfused, t_ind)
     return {
         "op": case.op, "K": case.k, "M": case.m, "fused_us": t_fused, "unfused_us": t_unfused, "inductor_us": t_ind,
         "roofline_us": roof, "fused_over_roofline": t_fused / roof, "unfused_over_roofline": t_unfused / roof,
         "inductor_over_roofline": t_ind / roof, "fused_over_best_peer": t_fused / peer,
+        "read_floor_us": read, "fused_over_read_floor": t_fused / read,
     }  # fmt: skip
 
 
 def run(ops, sizes_filter, ms, bw: float, with_inductor: bool) -> list[dict]:
     a = arch.arch_of(DEVICE)
     rows = []
+    floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     torch._dynamo.config.automatic_dynamic_shapes = False  # K static; M is marked unbacked explicitly
     for name in ("recompile_limit", "cache_size_limit"):  # one cache entry per (op, K); the name moved over time
         if hasattr(torch._dynamo.config, name):
@@ -210,7 +216,7 @@ def run(ops, sizes_filter, ms, bw: float, with_inductor: bool) -> list[dict]:
             for m in ms:
                 case = Case(op, k, m, w)
                 _check(case, a)
-                row = {**measure(case, compiled, bw), "models": label}
+                row = {**measure(case, compiled, bw, floor), "models": label}
                 rows.append(row)
                 log(f"{op} K={k} M={m}: fused {row['fused_us']:.1f} us ({row['fused_over_roofline']:.2f}x roofline), "
                     f"unfused {row['unfused_us']:.1f}, inductor {row['inductor_us']:.1f}, "
@@ -225,8 +231,8 @@ def run(ops, sizes_filter, ms, bw: float, with_inductor: bool) -> list[dict]:
 
 
 def report(rows: list[dict], out_dir: str, bw: float) -> None:
-    cols = ["op", "K", "M", "fused_us", "unfused_us", "inductor_us", "roofline_us", "fused_over_roofline",
-            "fused_over_best_peer"]  # fmt: skip
+    cols = ["op", "K", "M", "fused_us", "unfused_us", "inductor_us", "roofline_us", "read_floor_us",
+            "fused_over_roofline", "fused_over_read_floor", "fused_over_best_peer"]  # fmt: skip
     table = []
     for r in rows:
         flag = ""
@@ -238,6 +244,8 @@ def report(rows: list[dict], out_dir: str, bw: float) -> None:
     print(tabulate(table, headers=[*cols, "misses"], floatfmt=".2f"))
     print()
     _summary("M >= 2048: fused / roofline", [r for r in rows if r["M"] >= 2048], "fused_over_roofline", ROOFLINE_TARGET)
+    _summary("M >= 2048: fused / read floor", [r for r in rows if r["M"] >= 2048], "fused_over_read_floor",
+             ROOFLINE_TARGET)
     _summary("all M: fused / best peer", rows, "fused_over_best_peer", PEER_TARGET)
     print(
         f"copy bandwidth {bw / 1e12:.2f} TB/s; {device_name()}; torch {torch.__version__}; Triton {triton.__version__}"

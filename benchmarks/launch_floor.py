@@ -28,42 +28,17 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton
-import triton.language as tl
+from _read_floor import ROTATE_BYTES, SMS, read_call
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 
 # 1 MB, then the decode GEMMs' weights: Qwen3-8B k|v, o, qkv, Llama-3.1-8B down, gate_up, Qwen3-32B gate_up
 SIZES_MB = (1, 4, 16, 25, 58, 117, 262)
-SMS = 132  # H200
-ROTATE_BYTES = 150e6
 
 
 @triton.jit
 def _empty_kernel(p):
     pass
-
-
-@triton.jit
-def _read_kernel(src, dst, words, per_program, BLOCK: tl.constexpr):
-    """Sum this program's ``per_program`` int32 words (the last slab ends at ``words``), store one word."""
-    start = tl.program_id(0).to(tl.int64) * per_program
-    end = tl.minimum(start + per_program, words)
-    acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for off in range(start, end, BLOCK):
-        offs = off + tl.arange(0, BLOCK)
-        acc += tl.load(src + offs, mask=offs < end, other=0)
-    tl.store(dst + tl.program_id(0), tl.sum(acc, 0))
-
-
-def read_plan(words: int, programs: int) -> int:
-    """Words per program so that ``programs`` slabs cover all ``words`` (the last one shorter)."""
-    return -(-words // programs)
-
-
-def _read_call(bufs, out, programs: int, block: int):
-    words = bufs[0].numel()
-    per = read_plan(words, programs)
-    return lambda i: _read_kernel[(programs,)](bufs[i % len(bufs)], out, words, per, BLOCK=block, num_warps=4)
 
 
 def main(argv=None) -> int:
@@ -89,7 +64,7 @@ def main(argv=None) -> int:
         best = None
         for k in ((1,) if args.dry_run else (1, 2, 4, 8)):
             for block in ((256,) if args.dry_run else (512, 2048)):
-                us = time_graph(_read_call(bufs, out, SMS * k, block), copies, args.dry_run)
+                us = time_graph(read_call(bufs, out, SMS * k, block), copies, args.dry_run)
                 if best is None or us < best[0]:
                     best = (us, k, block)
         roof = nbytes / bw * 1e6

@@ -28,7 +28,7 @@ from fp8_fusion_pass.models import build_model, engine  # noqa: E402
 
 # First matching substring names the category (kernel names as Inductor / Triton / cuBLAS / flash emit them).
 CATEGORIES = [
-    ("gemm small-M", ("_small_m_kernel", "_splitk_reduce")),
+    ("gemm small-M / GEMV", ("_small_m_kernel", "_small_m_silu_quant_kernel", "_splitk_reduce", "_gemv_kernel")),
     ("gemm other", ("gemm", "cutlass", "nvjet", "_tiled", "sm90_xmma", "scaled_mm", "cublas", "matmul")),
     ("quant (standalone)", ("group_quant_kernel", "_group_quant")),
     ("norm(+quant)", ("rms_norm",)),

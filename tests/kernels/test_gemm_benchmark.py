@@ -93,11 +93,23 @@ def test_dry_run(capsys):
 def test_launch_floor_reads_every_word(words, programs):
     # The first version dropped each program's tail (a 4 MB "read" read nothing at 4 programs per SM): the
     # slabs must cover every word, and the kernel's sum must see them all.
-    import launch_floor
+    import _read_floor
 
-    per = launch_floor.read_plan(words, programs)
+    per = _read_floor.read_plan(words, programs)
     assert per * programs >= words  # programs past the end get an empty slab
     src = torch.ones(words, dtype=torch.int32)
     out = torch.zeros(programs, dtype=torch.int32)
-    launch_floor._read_call([src], out, programs, 256)(0)
+    _read_floor.read_call([src], out, programs, 256)(0)
     assert int(out.sum()) == words
+
+
+def test_read_floor_times_each_size_once():
+    # kernels.py / gemm.py ask for the floor of every point's bytes: equal word counts share one measurement.
+    import _read_floor
+
+    floor = _read_floor.ReadFloor("cpu", dry_run=True, launches=((1, 256),))
+    first = floor.us(4096 * 3 + 1)
+    assert first > 0 and floor.us(4096 * 3 + 2) == first  # both round up to the same 3073 words
+    assert len(floor.cache) == 1
+    floor.us(64)
+    assert sorted(floor.cache) == [16, 3073]
