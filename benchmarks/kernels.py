@@ -71,6 +71,10 @@ EPS = 1e-6
 ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 MAX_COPIES = 64
 ROOFLINE_TARGET, PEER_TARGET = 1.25, 1.0  # issue 7
+# The norms' numerics contract (docs/numerics.md, tests/tolerances.py): the normalised value is rounded to bf16
+# twice, so another reduction order may move a scale by two bf16 steps, 2^-6. A 1% bound was tighter than that
+# and stopped a run at 1.04% (rms_norm_group_quant K=2048 M=2048, H200, 2026-12-01, no fp8 value moved).
+SCALE_REL_TOL = 2.0**-6
 OPS = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant")
 SWEEP_ONLY_OPS = ("group_quant",)  # the unfused pair's quant: its tiles can be swept too
 DEVICE = "cuda"
@@ -154,8 +158,9 @@ def _mark_m_dynamic(t: torch.Tensor | None) -> None:
 
 
 def _check(case: Case, a: arch.Arch) -> None:
-    """The fused kernel agrees with the reference (scales within 1%, < 1% of fp8 values off, the same NaNs): never
-    time a wrong kernel. The first GPU round caught unwritten scales here (off by exactly 1: zeroed memory)."""
+    """The fused kernel agrees with the reference (scales within ``SCALE_REL_TOL``, < 1% of fp8 values off, the same
+    NaNs): never time a wrong kernel. The first GPU round caught unwritten scales here (off by exactly 1: zeroed
+    memory)."""
     x, r = case.inputs[0]
     got = case.fused(0)
     if case.op == "silu_mul_group_quant":
@@ -169,7 +174,7 @@ def _check(case: Case, a: arch.Arch) -> None:
     err = ((got[1] - want[1]).abs() / want[1]).max().item()
     qg, qw = got[0].float(), want[0].float()
     off = ((qg != qw) & ~(qg.isnan() & qw.isnan())).float().mean().item()
-    if not (err <= 1e-2 and off <= 1e-2):
+    if not (err <= SCALE_REL_TOL and off <= 1e-2):
         raise AssertionError(f"{case.op} K={case.k} M={case.m}: scales off the reference by {err:.3g}, "
                              f"{off:.2%} of fp8 values differ")  # fmt: skip
 
