@@ -293,6 +293,9 @@ def plot(rows: list[dict], path: str) -> None:
             xs = range(len(pts))
             for key, label in (("fused", "fused"), ("unfused", "unfused pair"), ("inductor", "Inductor")):
                 ax.plot(xs, [r[f"{key}_over_roofline"] for r in pts], marker="o", label=label)
+            if all("read_floor_us" in r for r in pts):  # CSVs from before the read floor have no such column
+                ax.plot(xs, [r["read_floor_us"] / r["roofline_us"] for r in pts], color="black", linestyle=":",
+                        label="plain read of the bytes")  # fmt: skip
             ax.axhline(ROOFLINE_TARGET, color="grey", linestyle="--", linewidth=0.8)
             ax.set_xticks(list(xs), [str(r["K"]) for r in pts], rotation=90, fontsize=6)
             ax.set_yscale("log")
@@ -303,6 +306,17 @@ def plot(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
+
+
+def read_csv(path: str) -> list[dict]:
+    """The rows of a ``kernels.csv``, numbers parsed (``report`` writes them)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("op", "models"):
+                r[k] = int(v) if k in ("K", "M") else float(v)
+    return rows
 
 
 def device_name() -> str:
@@ -320,7 +334,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-inductor", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for kernels.csv / kernels.png")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, tiny shapes (no real timing)")
+    p.add_argument("--replot", metavar="CSV", help="only draw the PNG of a kernels.csv measured earlier, into --out")
     args = p.parse_args(argv)
+    if args.replot:
+        os.makedirs(args.out, exist_ok=True)
+        plot(read_csv(args.replot), os.path.join(args.out, "kernels.png"))
+        return 0
     global DEVICE, MODELS
     DEVICE = "cpu" if args.dry_run else "cuda"
     if DEVICE == "cuda" and not torch.cuda.is_available():

@@ -22,6 +22,7 @@ from fp8_fusion_pass.kernels import backends, cublas
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GEMV_MAX_M
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 from fp8_fusion_pass.kernels.triton.per_tensor_mm import per_tensor_mm
 
@@ -77,9 +78,11 @@ def _activations(m, k, seed=0):
     return ref.group_quant(x, 128, arch.fp8_dtype("cuda"), arch.fp8_max("cuda"))
 
 
-def _paths(k):
+def _paths(k, m=None):
     on_hopper = arch.arch_of("cuda").blockwise_scaled_mm
     paths = [("tiled", None), ("small_m", None)]
+    if m is not None and m <= GEMV_MAX_M:  # the GEMV's own rows (M = 1) and an odd M it also takes
+        paths.append(("gemv", None))
     if on_hopper and (k // 128) % 4 == 0:
         paths.append(("cublas", "v1"))
     if on_hopper and cublas.has_v2():
@@ -93,10 +96,10 @@ def test_every_path_matches_oracle(m, n, k):
     w_q, w_s, w32 = _weights(n, k)
     q, xs = _activations(m, k)
     want = ref.dequant_activation(q, xs) @ w32.t()
-    for path, variant in _paths(k):
+    for path, variant in _paths(k, m):
         y = bm.run(path, q, xs, w_q, w_s, BF16, variant=variant)
         _check("every path", f"{path} {variant or ''}".strip(), y, want, BF16, m, n, k)
-    for path in ("tiled", "small_m"):  # fp32 output: no rounding hides the accumulation
+    for path in ("tiled", "small_m", *(("gemv",) if m <= GEMV_MAX_M else ())):  # fp32 out: no rounding hides the sums
         _check("fp32 out", path, bm.run(path, q, xs, w_q, w_s, FP32), want, FP32, m, n, k)
 
 

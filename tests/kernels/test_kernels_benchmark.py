@@ -27,6 +27,21 @@ def test_dry_run_table(tmp_path):
         assert out.count(op) >= 2, out  # M = 5 and M = 1 rows
     assert "all M: fused / best peer" in out
     assert (tmp_path / "kernels.csv").read_text().count("\n") == 7  # header + 3 ops x 2 M
+    assert "read_floor_us" in out  # the read-floor column of the table
+
+
+def test_replot_reads_back_what_report_wrote(tmp_path):
+    # --replot redraws the PNG from a measured CSV (docs/img/kernels_h200.png was redrawn so): the rows it reads
+    # must be the numbers report() wrote, K and M as ints, the floats as floats.
+    _run(tmp_path)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import kernels
+
+    rows = kernels.read_csv(str(tmp_path / "kernels.csv"))
+    assert len(rows) == 6 and {type(r["K"]) for r in rows} == {int} and {type(r["M"]) for r in rows} == {int}
+    assert all(r["read_floor_us"] > 0 and r["fused_over_read_floor"] == r["fused_us"] / r["read_floor_us"]
+               for r in rows)  # fmt: skip
+    assert {r["op"] for r in rows} == set(kernels.OPS)
 
 
 def test_sweep_prints_a_pasteable_table(tmp_path, monkeypatch):

@@ -80,8 +80,10 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
     --only gate_up``); the 8B gate_up shapes keep the 128-row tile.
 Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.8-2.8x, the 4 MB k|v
 4.8-7.3x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
-0.6 us in the harness, so most of the 4-5 us is the kernel's own ramp (a plain read of 9-17 MB also ran at only
-2.2-2.9 TB/s). At M = 1 the GEMV (``_gemv_kernels.py``) is 1-14% faster and took those TABLE rows.
+0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes
+2.9 / 6.1 / 8.2 us there, 1.4-3.1x its roofline. At M = 1 the GEMV (``_gemv_kernels.py``) is 1-14% faster, within
+0.94-1.16x of that read for all but the 4 MB k|v, and took those TABLE rows. At M = 64 this kernel is 1.4-1.75x the
+read on qkv, o, down and q_proj (``benchmarks/gemm.py``, 2026-12-01): the room left at decode sizes.
 """
 
 from __future__ import annotations
