@@ -45,7 +45,9 @@ from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_q
 
 # (name, I, K): gate_up [2I, K] of each model at TP1 (the engine form's merged weight).
 SHAPES = [("qwen3-8b gate_up", 12288, 4096), ("llama3.1-8b gate_up", 14336, 4096), ("qwen3-32b gate_up", 25600, 5120)]
-FAMILIES = [(128, 4, 3), (128, 8, 3), (128, 8, 4), (128, 8, 2), (128, 4, 4)]  # (block_n, warps, stages)
+# (block_n, warps, stages). block_n 64 / 32: a quant group over 2 / 4 programs, the plain GEMM's 128- / 64-row
+# weight tile instead of 256 rows (GROUP_TILES in _small_m_silu_kernels.py; not yet measured on the H200).
+FAMILIES = [(128, 4, 3), (128, 8, 3), (128, 8, 4), (128, 8, 2), (128, 4, 4), (64, 4, 4), (64, 4, 3), (32, 4, 4)]
 PROGRAM_TARGETS = (66, 132, 264, 396)
 DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     if args.dry_run:
-        shapes, ms, families = [("tiny", 256, 512)], [1, 17], [(128, 4, 2)]
+        shapes, ms, families = [("tiny", 256, 512)], [1, 17], [(128, 4, 2), (64, 4, 2)]
     bw = copy_bandwidth(args.dry_run)
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
     log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")

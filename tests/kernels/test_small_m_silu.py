@@ -59,6 +59,10 @@ def _reference(q, xs, ws, ss, group):
         (65, 128, 256, 128, SmallMConfig(128, 2, 4, 2, "last")),  # two row tiles of 64: a ticket per (row, column) tile
         (2, 320, 512, 64, SmallMConfig(128, 4, 4, 2, "last")),  # 320 = 2.5 column tiles: masked groups
         (64, 128, 256, 128, SmallMConfig(128, 2, 4, 2, "last")),
+        # A quant group over several programs (GROUP_TILES > 1): the last of them quantizes the group
+        (1, 256, 512, 128, SmallMConfig(64, 1, 4, 2, "last")),  # 2 tiles per group, no split (MODE 0)
+        (3, 384, 512, 128, SmallMConfig(32, 2, 4, 2, "last")),  # 4 tiles per group after the split-K ticket
+        (65, 128, 256, 64, SmallMConfig(32, 2, 4, 2, "last")),  # groups of 64 over 2 tiles, two row tiles
     ],
 )
 @pytest.mark.parametrize("act_group", [128, 64])
@@ -67,6 +71,7 @@ def test_fused_launch_is_the_unfused_pair_bit_for_bit(m, i, k, group, config, ac
     fused = sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, group, config)
     unfused = silu_mul_group_quant(smk.small_m_mm_grouped(q, xs, [wg, wu], [sg, su], BF16, config), group)
     _assert_equal(fused, unfused, f"M={m} I={i} K={k} g={group} {config}")
+    assert not smk.tile_counters(q.device, 1).any(), "every split-K and group ticket is reset for the next launch"
     # and the reference, within one fp8 step where the fp32 sums round differently
     want = _reference(q, xs, [wg, wu], [sg, su], group)
     d = (ref.dequant_activation(*fused) - ref.dequant_activation(*want)).norm() / ref.dequant_activation(*want).norm()
@@ -195,7 +200,7 @@ def test_bad_inputs_raise_clear_errors(weights, group, error, match):
 
 def test_kernel_refuses_configs_it_cannot_run():
     q, xs, wg, sg, wu, su = _gate_up(2, 128, 256)
-    for config, match in [(SmallMConfig(64, 1, 4, 2, "last"), "not a multiple"),
+    for config, match in [(SmallMConfig(8, 1, 4, 2, "last"), "at least 16"),
                           (SmallMConfig(128, 2, 4, 2, "kernel"), "in-launch sum")]:
         with pytest.raises(ValueError, match=match):
             sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config)

@@ -23,7 +23,10 @@ from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_q
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
 SHAPES = [(12288, 4096), (14336, 4096), (25600, 5120)]  # (I, K): Qwen3-8B, Llama-3.1-8B, Qwen3-32B gate_up
-CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(128, 2, 4, 4, "last")]
+CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(128, 2, 4, 4, "last"),
+           # a quant group over 2 / 4 programs (GROUP_TILES), alone and after a split-K ticket: written after the
+           # last GPU run of this file (CPU-interpreter tested; the 20 repeats below are its race check)
+           SmallMConfig(64, 1, 4, 4, "last"), SmallMConfig(64, 2, 4, 4, "last"), SmallMConfig(32, 1, 4, 4, "last")]
 
 
 def _inputs(m, i, k):
@@ -53,10 +56,10 @@ def test_fused_equals_unfused_pair_and_reference(m, i, k, config):
                for a in again)  # fmt: skip
 
 
-def test_in_cuda_graph_replays():
+@pytest.mark.parametrize("config", [SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(64, 2, 4, 4, "last")], ids=str)
+def test_in_cuda_graph_replays(config):
     m, i, k = 4, 14336, 4096
     q, xs, _, _, halves = _inputs(m, i, k)
-    config = SmallMConfig(128, 3, 8, 3, "last")
     want = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)  # allocates the counters outside
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

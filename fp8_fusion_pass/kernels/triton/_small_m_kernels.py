@@ -180,12 +180,19 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
 
 
 @triton.jit
+def _last_arrival(cnt_ptr, idx, count):
+    """True in the program that arrives last of the ``count`` programs sharing counter ``idx``: then every store
+    the others made before their ticket is visible. Memory order: this program's stores -> CTA barrier -> acq_rel
+    gpu-scope ticket (see the docstring). The winner must reset it to 0 for the next launch."""
+    tl.debug_barrier()  # every thread's stores are done before the ticket releases them
+    ticket = tl.atomic_add(cnt_ptr + idx, 1, sem="acq_rel", scope="gpu")
+    return ticket == count - 1
+
+
+@triton.jit
 def _last_split(cnt_ptr, tile):
-    """True in the program that arrives last among its output tile's splits: then every partial is visible.
-    Memory order: this program's partial stores -> CTA barrier -> acq_rel gpu-scope ticket (see the docstring)."""
-    tl.debug_barrier()  # every thread's partial is stored before the ticket releases them
-    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    return ticket == tl.num_programs(1) - 1
+    """True in the program that arrives last among its output tile's splits: then every partial is visible."""
+    return _last_arrival(cnt_ptr, tile, tl.num_programs(1))
 
 
 @triton.jit

@@ -10,8 +10,13 @@ and their up rows, as one ``[2 * BLOCK_N, BLOCK_K]`` weight tile per K step (gat
 one MMA, the K loop of ``_small_m_kernel`` unchanged). With split-K the partials of both halves go through the
 same ticket as "last" (``_last_split``, ``_sum_partials``); the program holding the tile's whole sum then rounds
 gate and up to the GEMM's out dtype, applies ``silu_and_mul``'s steps (``_silu``: fp32, rounded to the out dtype,
-times up, rounded) and quantizes groups of G consecutive columns (``BLOCK_N % G == 0``: a group never spans two
-programs) with ``_fp8``'s helpers, the steps of every quant kernel.
+times up, rounded) and quantizes groups of G consecutive columns with ``_fp8``'s helpers, the steps of every quant
+kernel. With ``BLOCK_N % G == 0`` a group never spans two programs. With ``BLOCK_N`` = G / 2 or G / 4
+(``GROUP_TILES`` 2 or 4) the weight tile is the plain GEMM's 128 or 64 rows, not 256. Then each program stores its
+silu_and_mul values (fp32, [M, I]) and takes a ticket on its group's counter, and the last of the group's programs
+quantizes the whole group. The amax is a max, exact in any order, so this is bit for bit the one-program group.
+Measured on the H200 with ``BLOCK_N`` = G only (``benchmarks/gemm_silu_quant.py``): the 256-row tile cost ~1.3 us
+on the 8B shapes, what the saved launch saves; the smaller tiles are in its sweep and not yet measured.
 
 Numerics: the GEMM part sums the same products as ``_small_m_kernel`` at the same config (split, K tiles), and
 the epilogue is ``silu_mul_group_quant``'s, so against the unfused pair at the same GEMM config the only
@@ -37,6 +42,7 @@ from ._fp8 import amax_nan, cast_fp8, div_by_scale, kernel_constexprs, reciproca
 from ._small_m_kernels import (
     SmallMConfig,
     _k_loop,
+    _last_arrival,
     _last_split,
     _sum_partials,
     small_m_block_m,
@@ -47,19 +53,24 @@ from .silu_and_mul import _silu
 
 
 @triton.jit
-def _silu_quant_store(acc, q_ptr, s_ptr, n0, offs_m, M, I, OUT_DTYPE: tl.constexpr, G: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, FP8_MAX: tl.constexpr,
-                      FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
-                      PTX: tl.constexpr):  # fmt: skip
-    """``acc [2 * BLOCK_N, BLOCK_M]`` (gate^T rows on top of up^T rows, fp32 sums) -> q [M, I] fp8 and
-    scale [M, I / G] fp32 for the columns ``[n0, n0 + BLOCK_N)`` (n0 a multiple of BLOCK_N) and rows ``offs_m``."""
+def _silu_mul_tile(acc, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """``acc [2 * BLOCK_N, BLOCK_M]`` (gate^T rows on top of up^T rows, fp32 sums) -> ``silu_and_mul``'s output
+    ``[BLOCK_N, BLOCK_M]``: each value rounded to the out dtype as the unfused pair rounds it, held in fp32."""
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
     gate = to_fp32(round_to(gate, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)  # the GEMM's output, as stored
     up = to_fp32(round_to(up, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)
     act = to_fp32(round_to(_silu(gate, PTX), OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)
-    y = to_fp32(round_to(act * up, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)  # silu_and_mul's output, [BN, BM]
-    # Groups of G consecutive columns: [BN, BM] -> [BN / G, G, BM], the quant along axis 1.
-    y3 = tl.reshape(y, (BLOCK_N // G, G, BLOCK_M))
+    return to_fp32(round_to(act * up, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)
+
+
+@triton.jit
+def _quant_store(y, q_ptr, s_ptr, n0, offs_m, M, I, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+                 PTX: tl.constexpr):  # fmt: skip
+    """``y [BLOCK_N, BLOCK_M]`` (columns ``[n0, n0 + BLOCK_N)``, n0 a multiple of G, BLOCK_N of G) -> q [M, I] fp8
+    and scale [M, I / G] fp32 for those columns and rows ``offs_m``: groups of G consecutive columns."""
+    y3 = tl.reshape(y, (BLOCK_N // G, G, BLOCK_M))  # [BN, BM] -> [BN / G, G, BM], the quant along axis 1
     scale = scale_of(amax_nan(y3, 1, EMULATE_CAST), FP8_MAX)  # [BN / G, BM]
     r, scale_fin = reciprocal_of(scale)
     qv = cast_fp8(div_by_scale(y3, scale_fin[:, None, :], r[:, None, :]), q_ptr.dtype.element_ty, FP8_MAX,
@@ -74,6 +85,34 @@ def _silu_quant_store(acc, q_ptr, s_ptr, n0, offs_m, M, I, OUT_DTYPE: tl.constex
              mask=(offs_m < M)[None, :] & (groups < n_groups)[:, None])
 
 
+@triton.jit
+def _epilogue(acc, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE: tl.constexpr,
+              G: tl.constexpr, GROUP_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+              FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+              PTX: tl.constexpr):  # fmt: skip
+    """The tile's whole sum -> silu_and_mul -> the quant of its groups. With ``GROUP_TILES`` > 1 a quant group
+    spans that many programs' columns: each stores its silu_and_mul values to ``y_ptr`` ([M, I] fp32) and takes a
+    ticket on its group's counter (after the split-K counters); the last to arrive quantizes the whole group."""
+    y = _silu_mul_tile(acc, OUT_DTYPE, BLOCK_N, BLOCK_M, EMULATE_CAST, PTX)
+    if GROUP_TILES == 1:
+        _quant_store(y, q_ptr, s_ptr, pid_n * BLOCK_N, offs_m, M, I, G, BLOCK_N, BLOCK_M, FP8_MAX, FP8_MIN_EXP,
+                     FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+    else:
+        rows = offs_m.to(tl.int64)[None, :] * I
+        ok_m = (offs_m < M)[None, :]
+        tl.store(y_ptr + rows + (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[:, None], y, mask=ok_m)
+        groups_per_row = tl.num_programs(0) // GROUP_TILES  # I % G == 0, so the column tiles fill whole groups
+        group = pid_m * groups_per_row + pid_n // GROUP_TILES
+        counter = tl.num_programs(0) * tl.num_programs(2) + group  # after the split-K tile counters
+        if _last_arrival(cnt_ptr, counter, GROUP_TILES):
+            g0 = (pid_n // GROUP_TILES) * G
+            # .cg: from L2, never a stale L1 line of the other programs' values (as _sum_partials loads)
+            yg = tl.load(y_ptr + rows + (g0 + tl.arange(0, G))[:, None], mask=ok_m, other=0.0, cache_modifier=".cg")
+            _quant_store(yg, q_ptr, s_ptr, g0, offs_m, M, I, G, G, BLOCK_M, FP8_MAX, FP8_MIN_EXP, FNUZ,
+                         EMULATE_CAST, PTX)  # fmt: skip
+            tl.store(cnt_ptr + counter, 0)  # ready for the next launch
+
+
 # M and the split's K range vary per call (as in _small_m_kernel): no divisibility specialization for them.
 @triton.jit(do_not_specialize=["M", "k_tiles_per_split"])
 def _small_m_silu_quant_kernel(
@@ -81,7 +120,8 @@ def _small_m_silu_quant_kernel(
     bg_ptr, bu_ptr,  # gate / up weights [I, K] fp8, K contiguous, row stride stride_bn (both)
     q_ptr, s_ptr,  # out: q [M, I] fp8, scale [M, I / G] fp32, contiguous
     p_ptr,  # fp32 partials [SPLIT, M, 2I] (MODE 2): gate columns [0, I), up columns [I, 2I)
-    cnt_ptr,  # int32 [tiles] ticket counters, zero before and after the launch (MODE 2)
+    y_ptr,  # fp32 silu_and_mul values [M, I] (GROUP_TILES > 1): a quant group's columns from its programs
+    cnt_ptr,  # int32 ticket counters, [tiles] then [groups] (GROUP_TILES > 1), zero before and after the launch
     as_ptr,  # activation scales, element (m, k // GROUP_K) at m * stride_asm + (k // GROUP_K) * stride_ask
     bgs_ptr, bus_ptr,  # gate / up weight scales, element (n // 128, k // 128), strides stride_bsn, stride_bsk
     M, I, K,
@@ -89,7 +129,8 @@ def _small_m_silu_quant_kernel(
     k_tiles_per_split,  # grid (cdiv(I, BLOCK_N), SPLIT, cdiv(M, BLOCK_M))
     GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     OUT_DTYPE: tl.constexpr,  # the GEMM's output dtype: the rounding of gate, up and each silu_and_mul step
-    G: tl.constexpr,  # the output quant's group (BLOCK_N % G == 0)
+    G: tl.constexpr,  # the output quant's group: BLOCK_N % G == 0, or G == GROUP_TILES * BLOCK_N
+    GROUP_TILES: tl.constexpr,  # column tiles per quant group (1: each program quantizes its own groups)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     MODE: tl.constexpr,  # 0: SPLIT 1, the epilogue runs in every program; 2: partials, the last program's epilogue
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
@@ -121,8 +162,8 @@ def _small_m_silu_quant_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     if MODE == 0:
-        _silu_quant_store(acc, q_ptr, s_ptr, pid_n * BLOCK_N, offs_m, M, I, OUT_DTYPE, G, BLOCK_N, BLOCK_M, FP8_MAX,
-                          FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+        _epilogue(acc, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE, G, GROUP_TILES, BLOCK_N,
+                  BLOCK_M, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
     else:
         mn = M.to(tl.int64) * 2 * I
         cols = tl.where(is_up, I, 0) + pid_n * BLOCK_N + r % BLOCK_N  # partial column of each tile row
@@ -132,9 +173,9 @@ def _small_m_silu_quant_kernel(
         tile = pid_m * tl.num_programs(0) + pid_n
         if _last_split(cnt_ptr, tile):
             total = _sum_partials(p_ptrs, mask, mn, 2 * BLOCK_N, BLOCK_M)
-            _silu_quant_store(total, q_ptr, s_ptr, pid_n * BLOCK_N, offs_m, M, I, OUT_DTYPE, G, BLOCK_N, BLOCK_M,
-                              FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
             tl.store(cnt_ptr + tile, 0)  # ready for the next launch
+            _epilogue(total, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE, G, GROUP_TILES,
+                      BLOCK_N, BLOCK_M, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -144,8 +185,10 @@ def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
     """Why the fused launch cannot take this shape / config (None when it can)."""
     if group_size not in (32, 64, 128) or i % group_size:
         return f"output group {group_size} must be 32, 64 or 128 and divide I={i}"
-    if config.block_n % group_size:
-        return f"block_n {config.block_n} is not a multiple of the output group {group_size}"
+    if config.block_n < 16:  # the MMA's M operand is the 2 * block_n gate and up rows
+        return f"block_n {config.block_n} must be at least 16"
+    if config.block_n % group_size and group_size % config.block_n:
+        return f"block_n {config.block_n} is neither a multiple nor a divisor of the output group {group_size}"
     if config.fma or config.reduce != "last" and config.split_k > 1:
         return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
     return None
@@ -175,15 +218,19 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
     split, per_split, unroll = split_plan(k // block_k, config.split_k, config.k_unroll)
     block_m = small_m_block_m(m)
     grid = (triton.cdiv(i, config.block_n), split, triton.cdiv(m, block_m))
-    counters = tile_counters(dev, grid[0] * grid[2]) if split > 1 else None
-    if split > 1 and counters is None:  # no counters: the first call is inside a capture, or too many tiles
+    group_tiles = max(1, group_size // config.block_n)
+    tiles = grid[0] * grid[2]
+    tickets = split > 1 or group_tiles > 1
+    counters = tile_counters(dev, tiles + (tiles // group_tiles if group_tiles > 1 else 0)) if tickets else None
+    if tickets and counters is None:  # no counters: the first call is inside a capture, or too many tiles
         return None
     partials = torch.empty((split, m, 2 * i), dtype=torch.float32, device=dev) if split > 1 else s_out
+    values = torch.empty((m, i), dtype=torch.float32, device=dev) if group_tiles > 1 else s_out
     pdl = _pdl.pdl_enabled(dev)
     _small_m_silu_quant_kernel[grid](
-        q, w_gate, w_up, q_out, s_out, partials, s_out if counters is None else counters, x_scale, s_gate, s_up,
+        q, w_gate, w_up, q_out, s_out, partials, values, s_out if counters is None else counters, x_scale, s_gate, s_up,
         m, i, k, q.stride(0), w_gate.stride(0), *x_scale.stride(), *s_gate.stride(), per_split,
-        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, BLOCK_M=block_m,
+        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, GROUP_TILES=group_tiles, BLOCK_M=block_m,
         BLOCK_N=config.block_n, BLOCK_K=block_k, K_UNROLL=unroll, MODE=0 if split == 1 else 2,
         **kernel_constexprs(dev), PDL=pdl, num_warps=config.warps, num_stages=config.stages,
         **_pdl.launch_kwargs(pdl),
