@@ -120,14 +120,17 @@ SCRIPT = textwrap.dedent(
     # program's whole sum, the last split's, and with PDL
     from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
     SILU = {"a_ptr": "*fp8e4nv", "bg_ptr": "*fp8e4nv", "bu_ptr": "*fp8e4nv", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32",
-            "p_ptr": "*fp32", "cnt_ptr": "*i32", "as_ptr": "*fp32", "bgs_ptr": "*fp32", "bus_ptr": "*fp32",
+            "p_ptr": "*fp32", "y_ptr": "*fp32", "cnt_ptr": "*i32", "as_ptr": "*fp32", "bgs_ptr": "*fp32",
+            "bus_ptr": "*fp32",
             **{n: "i32" for n in ("M", "I", "K", "stride_am", "stride_bn", "stride_asm", "stride_ask", "stride_bsn",
                                   "stride_bsk", "k_tiles_per_split")}}
-    for mode, block_m, pdl_on in [(0, 16, False), (2, 16, False), (2, 64, True)]:
-        c = dict(GROUP_K=128, SCALE_BLOCK=128, OUT_DTYPE=tl.bfloat16, G=128, BLOCK_M=block_m, BLOCK_N=128,
-                 BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=pdl_on)
-        out[f"small_m_silu{' PDL' if pdl_on else ''} mode={mode} block_m={block_m}"] = build(
-            sms._small_m_silu_quant_kernel, SILU, c, 8)
+    # block_n 64 / 32: a quant group over 2 / 4 programs (GROUP_TILES), alone and after the split-K ticket
+    for mode, block_m, pdl_on, block_n in [(0, 16, False, 128), (2, 16, False, 128), (2, 64, True, 128),
+                                           (0, 16, False, 64), (2, 64, False, 32)]:
+        c = dict(GROUP_K=128, SCALE_BLOCK=128, OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=128 // block_n,
+                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=pdl_on)
+        out[f"small_m_silu{' PDL' if pdl_on else ''} mode={mode} block_m={block_m} block_n={block_n}"] = build(
+            sms._small_m_silu_quant_kernel, SILU, c, 8 if block_n == 128 else 4)
     # the GEMV (M <= 4): one row and four rows of activations
     from fp8_fusion_pass.kernels.triton import _gemv_kernels as gv
     GEMV = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "as_ptr": "*fp32", "bs_ptr": "*fp32",
@@ -171,7 +174,7 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
-    assert len(result) == 29, sorted(result)
+    assert len(result) == 31, sorted(result)  # the two GROUP_TILES variants of the SiLU-quant GEMM included
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():
