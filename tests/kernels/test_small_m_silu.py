@@ -88,10 +88,11 @@ def _rel_err(out, want):
     return ((a - b).norm() / b.norm()).item()
 
 
-def test_merged_weight_halves_are_read_in_place(monkeypatch):
+@pytest.mark.parametrize("config", [SmallMConfig(128, 2, 4, 2, "last"), SmallMConfig(64, 2, 4, 2, "last")], ids=str)
+def test_merged_weight_halves_are_read_in_place(monkeypatch, config):
+    # through the public op and its TABLE dispatch; block_n 64: a quant group over two programs (GROUP_TILES)
     q, xs, wg, sg, wu, su = _gate_up(3, 256, 512)
     w, s = torch.cat([wg, wu]), torch.cat([sg, su])
-    config = SmallMConfig(128, 2, 4, 2, "last")
     _pin(monkeypatch, 3, 256, 512, config)
     with backends.use_backend("triton"):
         merged = OP(q, xs, [w], [s], BF16, 128)
