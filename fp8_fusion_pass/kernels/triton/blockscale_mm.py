@@ -346,9 +346,7 @@ def _execute(path, q, x_scale, w_q, w_scale, out_dtype, config=None, variant=Non
         return tiled_mm(q, x_scale, w_q, w_scale, out_dtype, config)
     if path == "small_m":
         return small_m_mm(q, x_scale, w_q, w_scale, out_dtype, config)
-    if path == "gemv":
-        if m > GEMV_MAX_M:
-            raise ValueError(f"blockscale_mm: path 'gemv' takes M <= {GEMV_MAX_M}, got M={m}")
+    if path == "gemv":  # gemv_mm raises its own ValueError above GEMV_MAX_M rows
         return gemv_mm(q, x_scale, w_q, w_scale, out_dtype, config)
     return _ref.blockscale_mm(q, x_scale, w_q, w_scale, out_dtype)
 
