@@ -31,42 +31,42 @@ SMALL_M_MAX = _bm.SMALL_M_MAX
 # (arch name, M bucket, I, K) -> the fused launch's config, or None where the unfused pair was faster.
 # fmt: off
 TABLE: dict[tuple[str, int, int, int], SmallMConfig | None] = {
-    # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.25 TB/s) by
-    # `python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64` on commit e66cfa0 (the gate_up shapes of Qwen3-8B,
-    # Llama-3.1-8B, Qwen3-32B). A config where the fused launch beat the unfused pair by more than 2%, else None.
-    # On the 8B shapes the two launches cost the same to within 3%: the silu-quant launch the fusion saves
-    # (~1.3 us in a CUDA graph) is what the fused launch's 256-row weight tile costs over the plain GEMM's
-    # 128-row one. On Qwen3-32B's 51200 x 5120 the 256-row tile is also the better GEMM: 0.90-0.96x.
-    # fused 29.4 us vs unfused 29.4 us, roofline 23.7 us
+    # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s) by
+    # `python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64` on commit 56c68d2 (the gate_up shapes of Qwen3-8B,
+    # Llama-3.1-8B, Qwen3-32B), the sweep with block_n 64 / 32 (GROUP_TILES 2 / 4). A config where the fused
+    # launch beat the unfused pair by more than 2%, else None. On the 8B shapes the two cost the same to within
+    # 2% even with the plain GEMM's 128- / 64-row tile: the ticket, the fp32 store and reload of each group and
+    # the last program's quant cost about what the saved silu-quant launch (~1.3 us) saves. On Qwen3-32B's
+    # 51200 x 5120 the fused launch is the better GEMM at M = 4-32: 0.95-0.96x.
+    # fused 31.0 us vs unfused 28.7 us, roofline 23.5 us
     ('sm90', 1, 12288, 4096): None,
-    # fused 29.5 us vs unfused 29.0 us, roofline 23.7 us
+    # fused 29.3 us vs unfused 29.7 us, roofline 23.5 us; the best, block_n 32: 1.4%, under the margin
     ('sm90', 4, 12288, 4096): None,
-    # fused 30.1 us vs unfused 29.8 us, roofline 23.7 us
+    # fused 30.0 us vs unfused 30.5 us, roofline 23.6 us; block_n 32, 1.6% faster: under the margin
     ('sm90', 16, 12288, 4096): None,
-    # fused 30.7 us vs unfused 31.6 us, roofline 23.8 us
-    ('sm90', 32, 12288, 4096): SmallMConfig(128, 1, 4, 4, 'last'),
-    # fused 36.4 us vs unfused 34.6 us, roofline 23.9 us
+    # fused 32.0 us vs unfused 31.9 us, roofline 23.7 us (the run before: 30.7 vs 31.6)
+    ('sm90', 32, 12288, 4096): None,
+    # fused 37.4 us vs unfused 35.6 us, roofline 23.8 us
     ('sm90', 64, 12288, 4096): None,
-    # fused 33.0 us vs unfused 32.7 us, roofline 27.6 us
+    # fused 34.3 us vs unfused 33.4 us, roofline 27.5 us
     ('sm90', 1, 14336, 4096): None,
-    # fused 32.9 us vs unfused 32.6 us, roofline 27.6 us
+    # fused 33.3 us vs unfused 33.7 us, roofline 27.5 us
     ('sm90', 4, 14336, 4096): None,
-    # fused 33.2 us vs unfused 33.8 us, roofline 27.7 us
+    # fused 33.9 us vs unfused 34.5 us, roofline 27.5 us
     ('sm90', 16, 14336, 4096): None,
-    # fused 35.1 us vs unfused 36.0 us, roofline 27.8 us
+    # fused 35.6 us vs unfused 36.4 us, roofline 27.6 us
     ('sm90', 32, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last'),
-    # fused 38.5 us vs unfused 38.9 us, roofline 27.9 us
+    # fused 39.8 us vs unfused 40.3 us, roofline 27.7 us
     ('sm90', 64, 14336, 4096): None,
-    # fused 65.8 us vs unfused 73.2 us, roofline 61.7 us. Since then (b0f8f77) the unfused GEMM at M = 1 is the
-    # GEMV, 64.5 us (blockscale_mm.TABLE): with the ~1.3 us silu-quant the pair is a tie, so no fused launch here.
+    # fused 68.0 us vs unfused 66.8 us, roofline 61.3 us; the unfused GEMM is the GEMV here
     ('sm90', 1, 25600, 5120): None,
-    # fused 65.5 us vs unfused 71.9 us, roofline 61.7 us
-    ('sm90', 4, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
-    # fused 66.3 us vs unfused 69.3 us, roofline 61.8 us
-    ('sm90', 16, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
-    # fused 68.1 us vs unfused 71.6 us, roofline 61.9 us
+    # fused 67.9 us vs unfused 71.2 us, roofline 61.3 us
+    ('sm90', 4, 25600, 5120): SmallMConfig(64, 1, 4, 3, 'last'),
+    # fused 69.3 us vs unfused 73.3 us, roofline 61.4 us
+    ('sm90', 16, 25600, 5120): SmallMConfig(64, 1, 4, 3, 'last'),
+    # fused 70.4 us vs unfused 73.4 us, roofline 61.5 us
     ('sm90', 32, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
-    # fused 86.4 us vs unfused 81.5 us, roofline 62.1 us
+    # fused 85.5 us vs unfused 83.6 us, roofline 61.7 us
     ('sm90', 64, 25600, 5120): None,
 }
 # fmt: on
