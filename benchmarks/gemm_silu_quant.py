@@ -7,9 +7,10 @@
 For the merged gate_up shapes of Qwen3-8B, Llama-3.1-8B and Qwen3-32B (I x K) at decode row counts:
 - "unfused": ``blockscale_mm`` (its TABLE choice for the merged [2I, K] shape) then ``silu_mul_group_quant``,
   what the graph runs without ``gemm_silu_quant``;
-- "fused": ``small_m_mm_silu_quant`` over a sweep of configs (128 output columns per program; warps, stages and
-  split-K at ~66-396 programs), each first checked against the reference (the dequantized outputs within
-  ``CHECK_REL_ERR``) and, with split-K, for bitwise repeatability (RACY otherwise): never chosen if it fails;
+- "fused": ``small_m_mm_silu_quant`` over a sweep of configs (128, 64 or 32 output columns per program; warps,
+  stages and split-K at ~66-396 programs) and, at M <= 4, ``gemv_silu_quant`` (the GEMV with the same epilogue,
+  ``GEMV_FAMILIES``), each first checked against the reference (the dequantized outputs within ``CHECK_REL_ERR``)
+  and, with a split-K or group ticket, for bitwise repeatability (RACY otherwise): never chosen if it fails;
 - the roofline: weight + scale bytes, the activation, and the fp8 output with its scales, over the copy bandwidth.
 Timing as ``benchmarks/gemm.py``: CUDA-graph replays cycling weight copies beyond 3x the 50 MB L2, medians.
 A TABLE row names the best fused config where it beat the unfused pair by more than ``MARGIN``, else None.
@@ -39,6 +40,8 @@ from triton.runtime.errors import OutOfResources
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GEMV_MAX_M, GemvConfig
+from fp8_fusion_pass.kernels.triton._gemv_silu_kernels import gemv_silu_quant
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig, split_plan
 from fp8_fusion_pass.kernels.triton._small_m_silu_kernels import small_m_mm_silu_quant
 from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_quant
@@ -49,6 +52,10 @@ SHAPES = [("qwen3-8b gate_up", 12288, 4096), ("llama3.1-8b gate_up", 14336, 4096
 # weight tile instead of 256 rows (GROUP_TILES in _small_m_silu_kernels.py; not yet measured on the H200).
 FAMILIES = [(128, 4, 3), (128, 8, 3), (128, 8, 4), (128, 8, 2), (128, 4, 4), (64, 4, 4), (64, 4, 3), (32, 4, 4)]
 PROGRAM_TARGETS = (66, 132, 264, 396)
+# The GEMV with the epilogue (_gemv_silu_kernels.py), M <= GEMV_MAX_M: (rows, k_chunk, warps, stages), around the
+# GEMV's own TABLE configs at M = 1 (rows 8, k_chunk 512 / 1024, 1 or 3 stages). Each program reads 2 x rows rows.
+GEMV_FAMILIES = [(2, 1024, 4, 1), (4, 1024, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 3), (8, 512, 4, 1), (8, 1024, 4, 1),
+                 (8, 1024, 4, 3), (16, 512, 4, 1)]  # fmt: skip
 DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6
 CHECK_REL_ERR = 2e-2  # of the dequantized output; a wrong kernel is off by > 0.3, one fp8 step is ~6%, rarely
@@ -114,7 +121,12 @@ def timed(what: str, call, want, copies: int, repeatable: bool) -> float | str:
     return time_graph(call, copies, DEVICE == "cpu")
 
 
-def run_point(name: str, shape: Shape, m: int, families, bw: float, a: arch.Arch) -> tuple[dict, str]:
+def _launch(cfg):
+    return gemv_silu_quant if isinstance(cfg, GemvConfig) else small_m_mm_silu_quant
+
+
+def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: float,
+              a: arch.Arch) -> tuple[dict, str]:  # fmt: skip
     x = torch.randn(m, shape.k, device=DEVICE, dtype=torch.bfloat16)
     q, xs = ref.group_quant(x, 128, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
     w, s = shape.w8[0]
@@ -123,9 +135,12 @@ def run_point(name: str, shape: Shape, m: int, families, bw: float, a: arch.Arch
     unfused = timed("unfused", lambda c: silu_mul_group_quant(bm.blockscale_mm(q, xs, *shape.w8[c], torch.bfloat16),
                                                               G), want, shape.copies, False)  # fmt: skip
     fused = {}
-    for cfg in candidates(shape.i, shape.k, families):
-        call = lambda c, cfg=cfg: small_m_mm_silu_quant(q, xs, *shape.halves(c), torch.bfloat16, G, cfg)
-        fused[cfg] = timed(f"fused {cfg}", call, want, shape.copies, cfg.split_k > 1)
+    gemvs = [GemvConfig(*f) for f in gemv_families] if m <= GEMV_MAX_M else []
+    for cfg in candidates(shape.i, shape.k, families) + gemvs:
+        call = lambda c, cfg=cfg: _launch(cfg)(q, xs, *shape.halves(c), torch.bfloat16, G, cfg)
+        # a split-K or a group ticket: checked for bitwise repeatability
+        repeat = isinstance(cfg, GemvConfig) or cfg.split_k > 1 or cfg.block_n < G
+        fused[cfg] = timed(f"fused {cfg}", call, want, shape.copies, repeat)
     ok = {c: t for c, t in fused.items() if isinstance(t, float)}
     best = min(ok, key=ok.get) if ok else None
     best_us = ok.get(best)
@@ -154,11 +169,11 @@ def main(argv=None) -> int:
         return 2
     a = arch.arch_of(DEVICE)
     ms = [int(v) for v in args.ms.split(",")]
-    shapes, families = SHAPES, FAMILIES
+    shapes, families, gemv_families = SHAPES, FAMILIES, GEMV_FAMILIES
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     if args.dry_run:
-        shapes, ms, families = [("tiny", 256, 512)], [1, 17], [(128, 4, 2), (64, 4, 2)]
+        shapes, ms, families, gemv_families = [("tiny", 256, 512)], [1, 17], [(128, 4, 2), (64, 4, 2)], [(4, 256, 4, 1)]
     bw = copy_bandwidth(args.dry_run)
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
     log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")
@@ -167,7 +182,7 @@ def main(argv=None) -> int:
         shape = Shape(i, k)
         for m in ms:
             log(f"{sname} M={m}")
-            r, t = run_point(sname, shape, m, families, bw, a)
+            r, t = run_point(sname, shape, m, families, gemv_families, bw, a)
             rows.append(r)
             table.append(t)
     print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["unfused_us"], r["fused_best_us"],

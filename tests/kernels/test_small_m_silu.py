@@ -20,6 +20,8 @@ from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
 from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
 from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig
+from fp8_fusion_pass.kernels.triton._gemv_silu_kernels import unsupported as gemv_silu_unsupported
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_quant
 
@@ -211,21 +213,30 @@ def test_every_table_row_is_a_config_the_kernel_takes():
     assert bsq.TABLE, "measured rows expected"
     for (arch_name, bucket, i, k), config in bsq.TABLE.items():
         assert arch_name == "sm90" and bucket in (1, 4, 16, 32, 64) and k % 128 == 0
-        assert config is None or sms.unsupported(i, 128, config) is None, (i, k, config)
+        if isinstance(config, GemvConfig):  # the GEMV's rows only where the GEMV runs (M <= 4)
+            assert bucket <= 4 and gemv_silu_unsupported(bucket, k, 128, i, 128, config) is None, (i, k, config)
+        else:
+            assert config is None or sms.unsupported(i, 128, config) is None, (i, k, config)
 
 
-def test_benchmark_dry_run_prints_pasteable_rows():
+def test_benchmark_dry_run_prints_pasteable_rows(tmp_path):
+    import json
     import os
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=root)
-    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gemm_silu_quant.py"), "--dry-run"],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    out_json = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gemm_silu_quant.py"), "--dry-run",
+                           "--json", str(out_json)], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "WRONG" not in proc.stderr and "RACY" not in proc.stderr
     rows = proc.stdout.split("by `python benchmarks/gemm_silu_quant.py`):\n")[1]
-    table = eval("{\n" + rows + "\n}", {"SmallMConfig": SmallMConfig})
+    table = eval("{\n" + rows + "\n}", {"SmallMConfig": SmallMConfig, "GemvConfig": GemvConfig})
     assert set(table) == {("cpu", 1, 256, 512), ("cpu", 32, 256, 512)}
-    assert all(v is None or isinstance(v, SmallMConfig) for v in table.values())
+    assert all(v is None or isinstance(v, (SmallMConfig, GemvConfig)) for v in table.values())
+    with open(out_json) as f:
+        timed_at_1 = json.load(f)["rows"][0]["fused"]
+    assert any(c.startswith("GemvConfig(") and isinstance(t, float) for c, t in timed_at_1.items()), timed_at_1

@@ -16,9 +16,11 @@ import fp8_fusion_pass.kernels.ops  # noqa: F401
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import backends
 from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import _gemv_silu_kernels as gvs
 from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
 from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
 from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig, gemv_mm
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_quant
 
@@ -29,6 +31,8 @@ CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"
            # a quant group over 2 / 4 programs (GROUP_TILES), alone and after a split-K ticket (the 20 repeats
            # below are its race check)
            SmallMConfig(64, 1, 4, 4, "last"), SmallMConfig(64, 2, 4, 4, "last"), SmallMConfig(32, 1, 4, 4, "last")]
+# the GEMV with the epilogue (M <= 4): a group over 32 / 16 / 8 programs
+GEMV_CONFIGS = [GemvConfig(4, 1024, 4, 1), GemvConfig(8, 512, 4, 1), GemvConfig(16, 1024, 4, 3)]
 
 
 def _inputs(m, i, k):
@@ -62,14 +66,34 @@ def test_fused_equals_unfused_pair_and_reference(m, i, k, config):
                for a in again)  # fmt: skip
 
 
-@pytest.mark.parametrize("config", [SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(64, 2, 4, 4, "last")], ids=str)
+@pytest.mark.parametrize("config", GEMV_CONFIGS, ids=str)
+@pytest.mark.parametrize("i, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 4])
+def test_fused_gemv_equals_unfused_pair_and_reference(m, i, k, config):
+    # the GEMV with the epilogue against gemv_mm on the merged weight at the same config, then the silu-quant
+    q, xs, w, s, halves = _inputs(m, i, k)
+    fused = gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config)
+    pair = silu_mul_group_quant(gemv_mm(q, xs, w, s, BF16, config), 128)
+    assert torch.equal(fused[1], pair[1]) and torch.equal(fused[0].view(torch.uint8), pair[0].view(torch.uint8))
+    want = ref.silu_mul_group_quant(ref.blockscale_mm(q.cpu(), xs.cpu(), w.cpu(), s.cpu(), BF16), 128,
+                                    arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))  # fmt: skip
+    d = ((_dq(fused).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
+    assert d < 2e-2, f"rel err vs reference {d:.3g}"
+    again = [gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]  # the group tickets
+    assert all(torch.equal(fused[0].view(torch.uint8), a[0].view(torch.uint8)) and torch.equal(fused[1], a[1])
+               for a in again)  # fmt: skip
+
+
+@pytest.mark.parametrize("config", [SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(64, 2, 4, 4, "last"),
+                                    GemvConfig(8, 512, 4, 1)], ids=str)  # fmt: skip
 def test_in_cuda_graph_replays(config):
-    m, i, k = 4, 14336, 4096
+    m, i, k = (1 if isinstance(config, GemvConfig) else 4), 14336, 4096
     q, xs, _, _, halves = _inputs(m, i, k)
-    want = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)  # allocates the counters outside
+    launch = gvs.gemv_silu_quant if isinstance(config, GemvConfig) else sms.small_m_mm_silu_quant
+    want = launch(q, xs, *halves, BF16, 128, config)  # allocates the counters outside
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)
+        out = launch(q, xs, *halves, BF16, 128, config)
     bad = 0
     for _ in range(50):
         out[0].zero_()
@@ -80,7 +104,7 @@ def test_in_cuda_graph_replays(config):
 
 
 @pytest.mark.parametrize("i, k", SHAPES)
-@pytest.mark.parametrize("m", [1, 16, 64, 65])
+@pytest.mark.parametrize("m", [1, 4, 16, 64, 65])
 def test_public_op_matches_reference(m, i, k):
     q, xs, w, s, _ = _inputs(m, i, k)
     with backends.use_backend("triton"):

@@ -139,6 +139,14 @@ SCRIPT = textwrap.dedent(
     for block_m in (1, 4):
         out[f"gemv block_m={block_m}"] = build(gv._gemv_kernel, GEMV, dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m,
                                                                            SCALE_BLOCK=128, EMULATE_CAST=False), 4)
+    # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket), and
+    # rows = G (each program quantizes its own group)
+    from fp8_fusion_pass.kernels.triton import _gemv_silu_kernels as gvs
+    GSILU = {n: SILU[n] for n in SILU if n not in ("p_ptr", "k_tiles_per_split")}
+    for rows, block_m in ((8, 1), (128, 4)):
+        c = dict(OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=max(1, 128 // rows), ROWS=rows, K_CHUNK=512,
+                 BLOCK_M=block_m, SCALE_BLOCK=128, **FP8)
+        out[f"gemv_silu rows={rows} block_m={block_m}"] = build(gvs._gemv_silu_quant_kernel, GSILU, c, 4)
     RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}
     out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, EMULATE_CAST=False, PDL=True), 4)
     from fp8_fusion_pass.kernels.triton import _blockscale_kernels as bk
@@ -174,7 +182,7 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
-    assert len(result) == 31, sorted(result)  # the two GROUP_TILES variants of the SiLU-quant GEMM included
+    assert len(result) == 33, sorted(result)  # the GROUP_TILES variants and the SiLU-quant GEMV included
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

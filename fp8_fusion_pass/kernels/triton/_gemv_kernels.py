@@ -43,6 +43,39 @@ class GemvConfig:
             raise ValueError(f"GemvConfig: rows and k_chunk must be powers of two, k_chunk >= 128; got {self}")
 
 
+@triton.jit
+def _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK: tl.constexpr,
+                  SCALE_BLOCK: tl.constexpr):  # fmt: skip
+    """Weight rows ``rn`` (int64), K values ``[k0, k0 + K_CHUNK)``, in fp32, and their scales
+    ``[ROWS, K_CHUNK / 128]``; K beyond the end reads 0."""
+    offs_k = tl.arange(0, K_CHUNK)
+    k_ok = (k0 + offs_k) < K
+    w = tl.load(b_ptr + rn[:, None] * stride_bn + (k0 + offs_k)[None, :], mask=k_ok[None, :], other=0.0)
+    kb = k0 // SCALE_BLOCK + tl.arange(0, K_CHUNK // SCALE_BLOCK)
+    ws = tl.load(bs_ptr + (rn // SCALE_BLOCK)[:, None] * stride_bsn + kb[None, :] * stride_bsk,
+                 mask=(kb < K // SCALE_BLOCK)[None, :], other=0.0)  # fmt: skip
+    return w.to(tl.float32), ws
+
+
+@triton.jit
+def _x_chunk(a_ptr, as_ptr, m, k0, K, stride_am, stride_asm, stride_ask, K_CHUNK: tl.constexpr,
+             SCALE_BLOCK: tl.constexpr):  # fmt: skip
+    """Activation row ``m``'s K values ``[k0, k0 + K_CHUNK)`` in fp32 and their scales ``[K_CHUNK / 128]``."""
+    offs_k = tl.arange(0, K_CHUNK)
+    k_ok = (k0 + offs_k) < K
+    kb = k0 // SCALE_BLOCK + tl.arange(0, K_CHUNK // SCALE_BLOCK)
+    x = tl.load(a_ptr + m * stride_am + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    xs = tl.load(as_ptr + m * stride_asm + kb * stride_ask, mask=kb < K // SCALE_BLOCK, other=0.0)
+    return x, xs
+
+
+@triton.jit
+def _chunk_dot(w, ws, x, xs, ROWS: tl.constexpr, K_CHUNK: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+    """``[ROWS]``: each row's sum over the chunk, each 128-value block's sum promoted by its scale pair."""
+    blocks = tl.sum(tl.reshape(w * x[None, :], (ROWS, K_CHUNK // SCALE_BLOCK, SCALE_BLOCK)), 2)
+    return tl.sum(blocks * ws * xs[None, :], 1)
+
+
 # M and N vary per call: no divisibility specialization for them.
 @triton.jit(do_not_specialize=["M", "N"])
 def _gemv_kernel(
@@ -59,24 +92,14 @@ def _gemv_kernel(
     rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rn_ok = rn < N
     rn = tl.minimum(rn, N - 1).to(tl.int64)  # out-of-range rows read row N - 1; their stores are masked
-    offs_k = tl.arange(0, K_CHUNK)
-    offs_kb = tl.arange(0, K_CHUNK // SCALE_BLOCK)
     offs_m = tl.arange(0, BLOCK_M)
     acc = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, K_CHUNK):
-        k_ok = (k0 + offs_k) < K
-        w = tl.load(b_ptr + rn[:, None] * stride_bn + (k0 + offs_k)[None, :], mask=k_ok[None, :], other=0.0)
-        w = w.to(tl.float32)  # [ROWS, K_CHUNK]
-        kb = k0 // SCALE_BLOCK + offs_kb
-        kb_ok = kb < K // SCALE_BLOCK
-        ws = tl.load(bs_ptr + (rn // SCALE_BLOCK)[:, None] * stride_bsn + kb[None, :] * stride_bsk,
-                     mask=kb_ok[None, :], other=0.0)  # [ROWS, K_CHUNK / 128]; fmt: skip
+        w, ws = _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)
         for m in tl.static_range(BLOCK_M):
-            mm = tl.minimum(m, M - 1)
-            x = tl.load(a_ptr + mm * stride_am + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            xs = tl.load(as_ptr + mm * stride_asm + kb * stride_ask, mask=kb_ok, other=0.0)
-            blocks = tl.sum(tl.reshape(w * x[None, :], (ROWS, K_CHUNK // SCALE_BLOCK, SCALE_BLOCK)), 2)
-            part = tl.sum(blocks * ws * xs[None, :], 1)  # [ROWS]
+            x, xs = _x_chunk(a_ptr, as_ptr, tl.minimum(m, M - 1), k0, K, stride_am, stride_asm, stride_ask,
+                             K_CHUNK, SCALE_BLOCK)  # fmt: skip
+            part = _chunk_dot(w, ws, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)
             acc = tl.where(offs_m[None, :] == m, acc + part[:, None], acc)
     c_ptrs = c_ptr + offs_m[None, :] * stride_cm + rn[:, None]
     tl.store(c_ptrs, round_to(acc, c_ptr.dtype.element_ty, EMULATE_CAST),

@@ -60,6 +60,13 @@ def _silu_mul_tile(acc, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M:
     """``acc [2 * BLOCK_N, BLOCK_M]`` (gate^T rows on top of up^T rows, fp32 sums) -> ``silu_and_mul``'s output
     ``[BLOCK_N, BLOCK_M]``: each value rounded to the out dtype as the unfused pair rounds it, held in fp32."""
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+    return _silu_mul(gate, up, OUT_DTYPE, EMULATE_CAST, PTX)
+
+
+@triton.jit
+def _silu_mul(gate, up, OUT_DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):
+    """The gate and up GEMMs' fp32 sums -> ``silu_and_mul``'s output, each step rounded to the out dtype as the
+    unfused pair rounds it (the GEMM's store, then ``silu_and_mul``), held in fp32."""
     gate = to_fp32(round_to(gate, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)  # the GEMM's output, as stored
     up = to_fp32(round_to(up, OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)
     act = to_fp32(round_to(_silu(gate, PTX), OUT_DTYPE, EMULATE_CAST), EMULATE_CAST)

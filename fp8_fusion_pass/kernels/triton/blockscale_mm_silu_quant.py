@@ -4,10 +4,11 @@ quant in its epilogue, where that measured faster than the two launches it repla
 Choice per (arch, M bucket, I, K): the config in ``TABLE`` (measured by ``benchmarks/gemm_silu_quant.py`` on the
 GPU), else the unfused pair: where the table has None (the pair won or tied), no row (never measured: 2 of the 3
 measured shapes showed no gain, so an unmeasured one is not assumed to gain), or M > ``SMALL_M_MAX``. On the H200
-the fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B at M = 4-32; Qwen3-8B and
-Llama-3.1-8B at M = 32, by 2-3%): see the table's comment.
+the swap-AB fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B at M = 4-32,
+Llama-3.1-8B at M = 32): see the table's comment.
 
-The fused launch is ``_small_m_silu_kernels.py``; the unfused pair is ``blockscale_mm`` (or ``blockscale_mm_grouped``
+The fused launch is ``_small_m_silu_kernels.py`` (a ``SmallMConfig`` row) or, for M <= ``GEMV_MAX_M``, the GEMV
+with the same epilogue, ``_gemv_silu_kernels.py`` (a ``GemvConfig`` row); the unfused pair is ``blockscale_mm`` (or ``blockscale_mm_grouped``
 for separate gate / up weights) then ``silu_mul_group_quant``, the graph the pass started from, so a shape the
 fused kernel cannot take computes the same thing.
 """
@@ -20,6 +21,9 @@ from ... import arch as _arch
 from .. import checks
 from . import blockscale_mm as _bm
 from ._blockscale_kernels import SCALE_BLOCK
+from ._gemv_kernels import GEMV_MAX_M, GemvConfig
+from ._gemv_silu_kernels import gemv_silu_quant
+from ._gemv_silu_kernels import unsupported as gemv_unsupported
 from ._small_m_kernels import SmallMConfig
 from ._small_m_silu_kernels import small_m_mm_silu_quant, unsupported
 from .blockscale_mm_grouped import blockscale_mm_grouped
@@ -28,9 +32,10 @@ from .silu_mul_group_quant import silu_mul_group_quant
 OP = "blockscale_mm_silu_mul_group_quant"
 SMALL_M_MAX = _bm.SMALL_M_MAX
 
-# (arch name, M bucket, I, K) -> the fused launch's config, or None where the unfused pair was faster.
+# (arch name, M bucket, I, K) -> the fused launch's config (a GemvConfig: the GEMV's, M <= GEMV_MAX_M), or None
+# where the unfused pair was faster.
 # fmt: off
-TABLE: dict[tuple[str, int, int, int], SmallMConfig | None] = {
+TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s) by
     # `python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64` on commit 56c68d2 (the gate_up shapes of Qwen3-8B,
     # Llama-3.1-8B, Qwen3-32B), the sweep with block_n 64 / 32 (GROUP_TILES 2 / 4). A config where the fused
@@ -90,12 +95,14 @@ def _gate_up(w_qs, w_scales):
 
 
 def fused_config(a: _arch.Arch, device_type: str, fp8: torch.dtype, m: int, i: int, k: int, group_k: int,
-                 group_size: int, out_dtype: torch.dtype) -> SmallMConfig | None:
+                 group_size: int, out_dtype: torch.dtype) -> SmallMConfig | GemvConfig | None:
     """The fused launch's measured config for this GEMM, or None when the unfused pair runs (no TABLE row, the
     row's None, M above the small-M range, or a shape / device the kernel cannot take). Pure: no tensors."""
     if m > SMALL_M_MAX or _bm.unsupported("small_m", a, device_type, fp8, 2 * i, k, group_k, out_dtype):
         return None
     config = TABLE.get((a.name, _bm.m_bucket(m), i, k))
+    if isinstance(config, GemvConfig):
+        return config if m <= GEMV_MAX_M and gemv_unsupported(m, k, group_k, i, group_size, config) is None else None
     if config is None or unsupported(i, group_size, config) is not None:
         return None
     return config
@@ -124,7 +131,8 @@ def blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype: to
                           group_size, out_dtype)  # fmt: skip
     parts = _gate_up(w_qs, w_scales) if config is not None else None
     if parts is not None:
-        out = small_m_mm_silu_quant(q, x_scale, *parts, out_dtype, group_size, config)
+        launch = gemv_silu_quant if isinstance(config, GemvConfig) else small_m_mm_silu_quant
+        out = launch(q, x_scale, *parts, out_dtype, group_size, config)
         if out is not None:
             return out
     if len(w_qs) == 1:
