@@ -43,7 +43,9 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     # 2% even with the plain GEMM's 128- / 64-row tile: the ticket, the fp32 store and reload of each group and
     # the last program's quant cost about what the saved silu-quant launch (~1.3 us) saves. On Qwen3-32B's
     # 51200 x 5120 the fused launch is the better GEMM at M = 4-32: 0.95-0.96x.
-    # fused 31.0 us vs unfused 28.7 us, roofline 23.5 us
+    # M = 1: from the second run (`--ms 1,4`, same day, GPU and commit c4c11cb), the first with the GEMV and the
+    # same epilogue (_gemv_silu_kernels.py) in the sweep; the best fused config, swap-AB or GEMV, in the comment.
+    # fused 30.1 us (GEMV rows 8) vs unfused 28.2 us (the GEMV, then the silu-quant), roofline 23.5 us
     ('sm90', 1, 12288, 4096): None,
     # fused 29.3 us vs unfused 29.7 us, roofline 23.5 us; the best, block_n 32: 1.4%, under the margin
     ('sm90', 4, 12288, 4096): None,
@@ -53,9 +55,9 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     ('sm90', 32, 12288, 4096): None,
     # fused 37.4 us vs unfused 35.6 us, roofline 23.8 us
     ('sm90', 64, 12288, 4096): None,
-    # fused 34.3 us vs unfused 33.4 us, roofline 27.5 us
-    ('sm90', 1, 14336, 4096): None,
-    # fused 33.3 us vs unfused 33.7 us, roofline 27.5 us
+    # fused 32.7 us (GEMV) vs unfused 33.5 us, roofline 27.4 us (second run)
+    ('sm90', 1, 14336, 4096): GemvConfig(8, 512, 4, 1),
+    # fused 33.3 us vs unfused 33.7 us, roofline 27.5 us (the second run: 32.7 vs 33.6, block_n 64: 0.97x)
     ('sm90', 4, 14336, 4096): None,
     # fused 33.9 us vs unfused 34.5 us, roofline 27.5 us
     ('sm90', 16, 14336, 4096): None,
@@ -63,7 +65,7 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     ('sm90', 32, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last'),
     # fused 39.8 us vs unfused 40.3 us, roofline 27.7 us
     ('sm90', 64, 14336, 4096): None,
-    # fused 68.0 us vs unfused 66.8 us, roofline 61.3 us; the unfused GEMM is the GEMV here
+    # fused 67.7 us (swap-AB; the GEMV's best 67.9) vs unfused 66.6 us, roofline 61.2 us (second run)
     ('sm90', 1, 25600, 5120): None,
     # fused 67.9 us vs unfused 71.2 us, roofline 61.3 us
     ('sm90', 4, 25600, 5120): SmallMConfig(64, 1, 4, 3, 'last'),
