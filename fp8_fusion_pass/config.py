@@ -10,7 +10,8 @@ import dataclasses
 import os
 
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
-FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "inline_norm", "group_gemm", "gemm_silu_quant", "zero_fill")
+FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "inline_norm", "group_gemm", "gemm_silu_quant", "quant_gemm",
+           "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 
@@ -31,6 +32,9 @@ class FusionConfig:
     # where its measured table says so (Qwen3-32B at 4-32 rows). Not bit-exact (deterministic mode keeps it off);
     # measured on the H200 (patterns/gemm_silu_quant.py).
     gemm_silu_quant: bool = True
+    # group_quant -> blockscale_mm (the o_proj input at batch 1-4)  =>  one op, the quant inside the GEMV, where its
+    # measured table says so. Bit-exact: the GEMV config blockscale_mm runs (patterns/quant_gemm.py).
+    quant_gemm: bool = True
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)
     # Honour FP8_FUSION_DISABLE from the environment at compile time.

@@ -176,6 +176,7 @@ class _Run:
                                 ("inline_norm", functools.partial(self._whole_graph_rewrite, "inline_norm")),
                                 ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
                                 ("gemm_silu_quant", functools.partial(self._whole_graph_rewrite, "gemm_silu_quant")),
+                                ("quant_gemm", functools.partial(self._whole_graph_rewrite, "quant_gemm")),
                                 ("zero_fill", self._zero_fill)):
                 try:
                     stage()
@@ -224,7 +225,7 @@ class _Run:
 
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): inline_norm,
-        group_gemm, gemm_silu_quant. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
+        group_gemm, gemm_silu_quant, quant_gemm. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
                                      self.deterministic).ok:

@@ -41,7 +41,9 @@ REASONS = {
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",
-    "unfused_pair_faster": "gemm_silu_quant: at this M and shape the fused launch has no measured win over two",
+    "m_above_gemv": "quant_gemm: static M above the quantizing GEMV's 4 rows (batch 1-4 decode only)",
+    "unfused_pair_faster": "gemm_silu_quant / quant_gemm: at this M and shape the fused launch has no measured win "
+                           "over two",
     # runtime gates
     "disabled_by_config": "the fusion is switched off in FusionConfig",
     "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",
@@ -211,6 +213,25 @@ def should_fuse_gemm_epilogue(q, x_scale, weights, out_dtype: torch.dtype, group
                if fused.measured(a, m, i, k) else "never measured on this GPU, so not assumed faster")  # fmt: skip
         return reject("unfused_pair_faster", f"M={m}, I={i}, K={k} on {a.name}: the fused launch was {why} "
                       "(blockscale_mm_silu_quant.TABLE); the GEMM and the silu-quant stay two launches")
+    return OK
+
+
+def should_quant_in_gemm(x, w, out_dtype: torch.dtype, group_size: int) -> Verdict:
+    """At a static M, the Triton GEMV that quantizes its own input has a measured win for this GEMM (its table
+    says so, and ``blockscale_mm`` runs the GEMV there); other backends compose the same two ops."""
+    from .kernels import backends
+
+    if backends.backend_for("group_quant_blockscale_mm", x.device) != "triton" or not isinstance(x.shape[0], int):
+        return OK
+    from .kernels.triton import group_quant_blockscale_mm as fused
+
+    (m, k), n = x.shape, w.shape[0]
+    a = _arch.arch_of(x.device)
+    if fused.fused_config(a, x.device.type, w.dtype, m, n, k, group_size, out_dtype) is None:
+        why = ("measured no faster than the two launches (or blockscale_mm runs no GEMV here)"
+               if fused.measured(a, m, n, k) else "never measured on this GPU, so not assumed faster")  # fmt: skip
+        return reject("unfused_pair_faster", f"M={m}, N={n}, K={k} on {a.name}: the quantizing GEMV was {why} "
+                      "(group_quant_blockscale_mm.TABLE); the quant stays its own launch")
     return OK
 
 

@@ -111,6 +111,31 @@ def gate_up_mm_args(op, q, x_scale, w_qs, w_scales, out_dtype, group: int) -> in
     return i
 
 
+def quant_mm_args(op, x, w_q, w_scale, out_dtype, group: int) -> None:
+    """``group_quant_blockscale_mm``: a 2-D high-precision activation, K a multiple of the group, and a block-scale
+    weight for it (``blockscale_mm_args``' rules for the weight side)."""
+    activation(op, "x", x)
+    if x.dim() != 2 or w_q.dim() != 2:
+        raise ValueError(f"{op}: x and w_q must be 2-D, got {tuple(x.shape)} and {tuple(w_q.shape)}")
+    group_size(op, x.shape[1], group)
+    if w_q.dtype not in FP8_DTYPES:
+        raise TypeError(f"{op}: w_q must be fp8 (e4m3fn or e4m3fnuz), got {w_q.dtype}")
+    k = x.shape[1]
+    n, kw = w_q.shape
+    if kw != k:
+        raise ValueError(f"{op}: w_q must be [N, K] with K={k} (x's last dim), got {tuple(w_q.shape)}")
+    if w_scale.dtype != torch.float32:
+        raise TypeError(f"{op}: w_scale must be fp32, got {w_scale.dtype}")
+    want = (-(-n // 128), -(-k // 128))
+    if tuple(w_scale.shape) != want:
+        raise ValueError(f"{op}: w_scale must be [ceil(N/128), ceil(K/128)] = {list(want)}, got {list(w_scale.shape)}")
+    if w_q.stride(-1) != 1:
+        raise ValueError(f"{op}: w_q must be contiguous in its last dim")
+    if out_dtype not in FLOAT_ACTIVATIONS:
+        raise TypeError(f"{op}: out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    same_device(op, x=x, w_q=w_q, w_scale=w_scale)
+
+
 def per_tensor_mm_args(op, q, x_scale, w_q, w_scale, out_dtype) -> None:
     if q.dtype not in FP8_DTYPES or w_q.dtype != q.dtype:
         raise TypeError(f"{op}: q and w_q must share one fp8 dtype, got {q.dtype} and {w_q.dtype}")

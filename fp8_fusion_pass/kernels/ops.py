@@ -18,6 +18,7 @@ Outputs (``x [..., K]``, ``g = group_size``):
   silu_mul_group_quant(x [..., 2I], g)               -> (q [..., I], scale [..., I/g])
   blockscale_mm_silu_mul_group_quant(q [M,K], x_scale, [w_q [2I,K]] or [w_gate, w_up], [w_scale_i], out_dtype, g)
                                                      -> (q [M, I], scale [M, I/g])
+  group_quant_blockscale_mm(x [M,K], w_q [N,K], w_scale, out_dtype, g)               -> y [M, N]
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -225,6 +226,22 @@ def _(q, x_scale, w_qs, w_scales, out_dtype, group_size=DEFAULT_GROUP_SIZE):
     i = checks.gate_up_mm_args("blockscale_mm_silu_mul_group_quant", q, x_scale, w_qs, w_scales, out_dtype,
                                group_size)
     return _quant_outputs(q.new_empty((q.shape[0], i), dtype=out_dtype), group_size)
+
+
+@custom_op(f"{NS}::group_quant_blockscale_mm", mutates_args=())
+def group_quant_blockscale_mm(x: Tensor, w_q: Tensor, w_scale: Tensor, out_dtype: torch.dtype,
+                              group_size: int = DEFAULT_GROUP_SIZE) -> Tensor:
+    """``blockscale_mm(*group_quant(x, group_size), w_q, w_scale, out_dtype)``: a GEMM that quantizes its own
+    high-precision input where that measured faster (``kernels/triton/group_quant_blockscale_mm.py``: the GEMV at
+    M <= 4), else the two ops."""
+    checks.quant_mm_args("group_quant_blockscale_mm", x, w_q, w_scale, out_dtype, group_size)
+    return _kernel("group_quant_blockscale_mm", x)(x, w_q, w_scale, out_dtype, group_size)
+
+
+@group_quant_blockscale_mm.register_fake
+def _(x, w_q, w_scale, out_dtype, group_size=DEFAULT_GROUP_SIZE):
+    checks.quant_mm_args("group_quant_blockscale_mm", x, w_q, w_scale, out_dtype, group_size)
+    return x.new_empty((x.shape[0], w_q.shape[0]), dtype=out_dtype)
 
 
 # ---------------------------------------------------------------- mutating (the zero-fill case)

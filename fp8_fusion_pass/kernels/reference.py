@@ -106,6 +106,12 @@ def blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype, gr
                                 fp8_max)
 
 
+def group_quant_blockscale_mm(x, w_q, w_scale, out_dtype, group_size, fp8_dtype, fp8_max):
+    """``group_quant`` then ``blockscale_mm``: the unfused pair ``group_quant_blockscale_mm`` stands for."""
+    q, x_scale = group_quant(x, group_size, fp8_dtype, fp8_max)
+    return blockscale_mm(q, x_scale, w_q, w_scale, out_dtype)
+
+
 def per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float):
     """Dynamic per-tensor quant: one scale for the whole tensor. Returns ``(q, scale[1])``."""
     xf = x.to(torch.float32)

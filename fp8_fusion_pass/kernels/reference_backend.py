@@ -38,6 +38,10 @@ def blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype, gr
     return ref.blockscale_mm_silu_mul_group_quant(q, x_scale, w_qs, w_scales, out_dtype, group_size, *_fp8(q))
 
 
+def group_quant_blockscale_mm(x, w_q, w_scale, out_dtype, group_size):
+    return ref.group_quant_blockscale_mm(x, w_q, w_scale, out_dtype, group_size, *_fp8(x))
+
+
 def dynamic_per_tensor_quant(out, x, scale):
     # Overwrites ``scale`` (never reads it): the scale-semantics registry records this op as "overwrites".
     q, s = ref.per_tensor_quant(x, *_fp8(x))
@@ -58,5 +62,6 @@ def kernels() -> dict:
         "add_rms_norm_group_quant": add_rms_norm_group_quant,
         "silu_mul_group_quant": silu_mul_group_quant,
         "blockscale_mm_silu_mul_group_quant": blockscale_mm_silu_mul_group_quant,
+        "group_quant_blockscale_mm": group_quant_blockscale_mm,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

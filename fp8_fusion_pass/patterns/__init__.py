@@ -35,6 +35,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("group_gemm", "group_gemm", "group_gemm", "blockscale_mm_grouped", False),
     # blockscale_mm (or grouped gate / up) -> silu_mul_group_quant  ->  blockscale_mm_silu_mul_group_quant
     Fusion("gemm_silu_quant", "gemm_silu_quant", "gemm_silu_quant", "blockscale_mm_silu_mul_group_quant", False),
+    # group_quant -> blockscale_mm (no producer took the quant in), M <= 4  ->  group_quant_blockscale_mm
+    Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", True),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

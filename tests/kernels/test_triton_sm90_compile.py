@@ -136,9 +136,11 @@ SCRIPT = textwrap.dedent(
     GEMV = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "as_ptr": "*fp32", "bs_ptr": "*fp32",
             **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bn", "stride_cm", "stride_asm", "stride_ask",
                                   "stride_bsn", "stride_bsk")}}
-    for block_m in (1, 4):
-        out[f"gemv block_m={block_m}"] = build(gv._gemv_kernel, GEMV, dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m,
-                                                                           SCALE_BLOCK=128, EMULATE_CAST=False), 4)
+    # and the GEMV that quantizes its bf16 input itself (QUANT_A: group_quant_tile per chunk)
+    for block_m, quant_a in ((1, False), (4, False), (1, True)):
+        sig = dict(GEMV, a_ptr="*bf16") if quant_a else GEMV
+        c = dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m, SCALE_BLOCK=128, QUANT_A=quant_a, **FP8)
+        out[f"gemv block_m={block_m} quant_a={quant_a}"] = build(gv._gemv_kernel, sig, c, 4)
     # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket), and
     # rows = G (each program quantizes its own group)
     from fp8_fusion_pass.kernels.triton import _gemv_silu_kernels as gvs
@@ -182,7 +184,7 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
-    assert len(result) == 33, sorted(result)  # the GROUP_TILES variants and the SiLU-quant GEMV included
+    assert len(result) == 34, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -14,6 +14,7 @@ def kernels() -> dict:
     from .blockscale_mm_silu_quant import blockscale_mm_silu_mul_group_quant
     from .dynamic_per_tensor_quant import dynamic_per_tensor_quant
     from .group_quant import group_quant
+    from .group_quant_blockscale_mm import group_quant_blockscale_mm
     from .per_tensor_mm import per_tensor_mm
     from .rms_norm import rms_norm
     from .rms_norm_group_quant import add_rms_norm_group_quant, rms_norm_group_quant
@@ -32,5 +33,6 @@ def kernels() -> dict:
         "add_rms_norm_group_quant": add_rms_norm_group_quant,
         "silu_mul_group_quant": silu_mul_group_quant,
         "blockscale_mm_silu_mul_group_quant": blockscale_mm_silu_mul_group_quant,
+        "group_quant_blockscale_mm": group_quant_blockscale_mm,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

@@ -23,9 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import arch as _arch
 from ._blockscale_kernels import SCALE_BLOCK
-from ._fp8 import round_to
+from ._fp8 import group_quant_tile, kernel_constexprs, round_to, to_fp32
 
 GEMV_MAX_M = 4
 
@@ -59,14 +58,25 @@ def _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K
 
 @triton.jit
 def _x_chunk(a_ptr, as_ptr, m, k0, K, stride_am, stride_asm, stride_ask, K_CHUNK: tl.constexpr,
-             SCALE_BLOCK: tl.constexpr):  # fmt: skip
-    """Activation row ``m``'s K values ``[k0, k0 + K_CHUNK)`` in fp32 and their scales ``[K_CHUNK / 128]``."""
+             SCALE_BLOCK: tl.constexpr, QUANT_A: tl.constexpr, fp8_dtype: tl.constexpr, FP8_MAX: tl.constexpr,
+             FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+             PTX: tl.constexpr):  # fmt: skip
+    """Activation row ``m``'s K values ``[k0, k0 + K_CHUNK)`` as fp8 values in fp32, and their scales
+    ``[K_CHUNK / 128]``: loaded, or (QUANT_A) quantized here from the bf16 / fp16 / fp32 row in groups of 128 with
+    ``group_quant_tile``, the steps of the group-quant kernel (so bit for bit its q and scales)."""
     offs_k = tl.arange(0, K_CHUNK)
     k_ok = (k0 + offs_k) < K
-    kb = k0 // SCALE_BLOCK + tl.arange(0, K_CHUNK // SCALE_BLOCK)
-    x = tl.load(a_ptr + m * stride_am + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    xs = tl.load(as_ptr + m * stride_asm + kb * stride_ask, mask=kb < K // SCALE_BLOCK, other=0.0)
-    return x, xs
+    if QUANT_A:  # a K tail beyond K loads 0: its groups get the floor scale and zeros, times zero weights
+        y = to_fp32(tl.load(a_ptr + m * stride_am + k0 + offs_k, mask=k_ok, other=0.0), EMULATE_CAST)
+        q, scale = group_quant_tile(tl.reshape(y, (1, K_CHUNK // SCALE_BLOCK, SCALE_BLOCK)), fp8_dtype, FP8_MAX,
+                                    FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+        x = tl.reshape(q.to(tl.float32), (K_CHUNK,))
+        xs = tl.reshape(scale, (K_CHUNK // SCALE_BLOCK,))
+    else:
+        kb = k0 // SCALE_BLOCK + tl.arange(0, K_CHUNK // SCALE_BLOCK)
+        x = tl.load(a_ptr + m * stride_am + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        xs = tl.load(as_ptr + m * stride_asm + kb * stride_ask, mask=kb < K // SCALE_BLOCK, other=0.0)
+    return x, xs  # one return: see _small_m_kernels._x_tile
 
 
 @triton.jit
@@ -87,7 +97,9 @@ def _gemv_kernel(
     M, N, K,
     stride_am, stride_bn, stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk,
     ROWS: tl.constexpr, K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-    EMULATE_CAST: tl.constexpr,
+    QUANT_A: tl.constexpr,  # a_ptr is the high-precision activation, quantized here (as_ptr unused)
+    FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    PTX: tl.constexpr,
 ):  # fmt: skip
     rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rn_ok = rn < N
@@ -98,7 +110,8 @@ def _gemv_kernel(
         w, ws = _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)
         for m in tl.static_range(BLOCK_M):
             x, xs = _x_chunk(a_ptr, as_ptr, tl.minimum(m, M - 1), k0, K, stride_am, stride_asm, stride_ask,
-                             K_CHUNK, SCALE_BLOCK)  # fmt: skip
+                             K_CHUNK, SCALE_BLOCK, QUANT_A, b_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ,
+                             EMULATE_CAST, PTX)  # fmt: skip
             part = _chunk_dot(w, ws, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)
             acc = tl.where(offs_m[None, :] == m, acc + part[:, None], acc)
     c_ptrs = c_ptr + offs_m[None, :] * stride_cm + rn[:, None]
@@ -115,21 +128,37 @@ def unsupported(m: int, k: int, group: int) -> str | None:
     return None
 
 
-def gemv_mm(q, x_scale, w_q, w_scale, out_dtype, config: GemvConfig | None = None) -> torch.Tensor:
-    """``blockscale_mm`` for M <= GEMV_MAX_M (inputs validated by ``checks.py``); ValueError where it cannot."""
-    config = config or GemvConfig()
-    m, k = q.shape
+def _launch(a, a_scale, w_q, w_scale, out_dtype, config: GemvConfig, quant_a: bool) -> torch.Tensor:
+    m, k = a.shape
     n = w_q.shape[0]
-    reason = unsupported(m, k, k // x_scale.shape[1])
-    if reason is not None:
-        raise ValueError(f"blockscale GEMV: {reason}")
-    out = torch.empty((m, n), dtype=out_dtype, device=q.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
     _gemv_kernel[(triton.cdiv(n, config.rows),)](
-        q, w_q, out, x_scale, w_scale, m, n, k,
-        q.stride(0), w_q.stride(0), out.stride(0), *x_scale.stride(), *w_scale.stride(),
+        a, w_q, out, a_scale, w_scale, m, n, k,
+        a.stride(0), w_q.stride(0), out.stride(0), *a_scale.stride(), *w_scale.stride(),
         ROWS=config.rows, K_CHUNK=config.k_chunk, BLOCK_M=triton.next_power_of_2(m), SCALE_BLOCK=SCALE_BLOCK,
-        EMULATE_CAST=_arch.triton_interpreting(), num_warps=config.warps, num_stages=config.stages,
+        QUANT_A=quant_a, **kernel_constexprs(a.device), num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
     return out
+
+
+def gemv_mm(q, x_scale, w_q, w_scale, out_dtype, config: GemvConfig | None = None) -> torch.Tensor:
+    """``blockscale_mm`` for M <= GEMV_MAX_M (inputs validated by ``checks.py``); ValueError where it cannot."""
+    m, k = q.shape
+    reason = unsupported(m, k, k // x_scale.shape[1])
+    if reason is not None:
+        raise ValueError(f"blockscale GEMV: {reason}")
+    return _launch(q, x_scale, w_q, w_scale, out_dtype, config or GemvConfig(), False)
+
+
+def gemv_mm_bf16(x, w_q, w_scale, out_dtype, config: GemvConfig | None = None) -> torch.Tensor:
+    """``blockscale_mm(*group_quant(x, 128), w_q, w_scale)`` for M <= GEMV_MAX_M in one launch: every program
+    quantizes the activation row(s) itself, chunk by chunk (at M <= 4 a few KB read from L2 per program), so no
+    group-quant launch runs before it. Bit for bit ``gemv_mm`` at the same config on ``group_quant(x, 128)``.
+    ``x [M, K]`` bf16 / fp16 / fp32, K contiguous (validated by the caller); ValueError where it cannot."""
+    m, k = x.shape
+    reason = unsupported(m, k, SCALE_BLOCK)
+    if reason is not None:
+        raise ValueError(f"blockscale GEMV: {reason}")
+    return _launch(x, w_scale, w_q, w_scale, out_dtype, config or GemvConfig(), True)  # a_scale unused

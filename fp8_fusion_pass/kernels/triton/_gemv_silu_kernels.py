@@ -63,7 +63,8 @@ def _gemv_silu_quant_kernel(
         wu, wus = _weight_chunk(bu_ptr, bus_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)
         for m in tl.static_range(BLOCK_M):
             x, xs = _x_chunk(a_ptr, as_ptr, tl.minimum(m, M - 1), k0, K, stride_am, stride_asm, stride_ask,
-                             K_CHUNK, SCALE_BLOCK)  # fmt: skip
+                             K_CHUNK, SCALE_BLOCK, False, bg_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ,
+                             EMULATE_CAST, PTX)  # fmt: skip
             hit = offs_m[None, :] == m
             acc_g = tl.where(hit, acc_g + _chunk_dot(wg, wgs, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)[:, None], acc_g)
             acc_u = tl.where(hit, acc_u + _chunk_dot(wu, wus, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)[:, None], acc_u)

@@ -1,0 +1,127 @@
+"""The GEMV that quantizes its own bf16 input against the group-quant launch and the GEMM it replaces, and the
+rows of ``group_quant_blockscale_mm.TABLE`` that they imply.
+
+    python benchmarks/quant_gemm.py --ms 1 --json quant_gemm.json
+    python benchmarks/quant_gemm.py --dry-run        # CPU, Triton interpreter, one tiny shape: checks the script
+
+For the o_proj shapes of Qwen3-8B / Llama-3.1-8B and Qwen3-32B (and, for comparison, qkv and down), N x K, at
+M <= 4 where ``blockscale_mm`` runs the GEMV:
+- "unfused": ``group_quant`` then ``blockscale_mm`` (its TABLE path), what the graph runs without ``quant_gemm``;
+- "fused": ``gemv_mm_bf16`` at the GEMV config ``blockscale_mm`` runs there (what the op runs), first checked to
+  be bit for bit the unfused pair (WRONG otherwise: never a TABLE row);
+- the roofline: the fp8 weight and its scales, the bf16 activation and output, over the copy bandwidth.
+Timing as ``benchmarks/gemm.py``: CUDA-graph replays cycling weight copies beyond 3x the 50 MB L2, medians.
+A TABLE row is True where the fused launch beat the pair by more than ``MARGIN``, else False; no row where
+``blockscale_mm`` runs no GEMV (the op then runs the pair anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if "--dry-run" in sys.argv:  # must precede the first triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+from _timing import copy_bandwidth, time_graph
+from tabulate import tabulate
+
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._gemv_kernels import gemv_mm_bf16
+from fp8_fusion_pass.kernels.triton.group_quant import group_quant
+
+# (name, N, K) at TP1
+SHAPES = [("qwen3-8b / llama3.1-8b o", 4096, 4096), ("qwen3-32b o", 5120, 8192), ("qwen3-8b qkv", 6144, 4096),
+          ("llama3.1-8b down", 4096, 14336)]  # fmt: skip
+DEVICE = "cuda"  # "cpu" under --dry-run
+ROTATE_BYTES = 150e6
+MARGIN = 0.02  # the fused launch must beat the pair by more than this (run-to-run noise ~2%)
+G = 128
+
+
+def log(msg: str) -> None:
+    print(f"[quant_gemm {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_point(name: str, n: int, k: int, m: int, bw: float, a: arch.Arch) -> tuple[dict, str | None]:
+    fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
+    copies = max(2, math.ceil(ROTATE_BYTES / (n * k)))
+    ws = [ref.quantize_weight_blockwise(torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.05, (128, 128),
+                                        fp8, fp8_max) for _ in range(copies)]  # fmt: skip
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    choice = bm.plan(a, DEVICE, fp8, m, n, k, G, torch.bfloat16)
+    roof = (n * k + (n // 128) * (k // 128) * 4 + 2 * m * k + 2 * m * n) / bw * 1e6
+
+    def pair(c):
+        return bm.blockscale_mm(*group_quant(x, G), *ws[c], torch.bfloat16)
+
+    unfused = time_graph(pair, copies, DEVICE == "cpu")
+    result = {"shape": name, "M": m, "N": n, "K": k, "path": choice.path, "config": str(choice.config),
+              "roofline_us": roof, "unfused_us": unfused, "fused_us": None, "fused_wins": None}  # fmt: skip
+    if choice.path != "gemv":
+        return result, None
+    fused_call = lambda c: gemv_mm_bf16(x, *ws[c], torch.bfloat16, choice.config)
+    if not torch.equal(fused_call(0), pair(0)):
+        log(f"  {name} M={m}: WRONG (not bit for bit the pair)")
+        result["fused_us"] = "WRONG"
+        return result, None
+    fused = time_graph(fused_call, copies, DEVICE == "cpu")
+    wins = fused < unfused * (1 - MARGIN)
+    result.update(fused_us=fused, fused_wins=wins)
+    row = (f"    # fused {fused:.2f} us vs unfused {unfused:.2f} us (GEMV {choice.config}), roofline {roof:.2f} us\n"
+           f"    ({a.name!r}, {bm.m_bucket(m)}, {n}, {k}): {wins},")  # fmt: skip
+    return result, row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ms", default="1,4", help="comma-separated row counts (<= 4: the GEMV's)")
+    p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
+    args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = "cpu" if args.dry_run else "cuda"
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/quant_gemm.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    a = arch.arch_of(DEVICE)
+    ms, shapes = [int(v) for v in args.ms.split(",")], SHAPES
+    if args.dry_run:
+        ms, shapes = [1], [("tiny", 256, 512)]
+        bm.TABLE[(a.name, 1, 256, 512)] = bm.Choice("gemv", bm.GemvConfig(4, 256, 4, 1))  # this process only
+    bw = copy_bandwidth(args.dry_run)
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
+    log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")
+    rows, table = [], []
+    for sname, n, k in shapes:
+        for m in ms:
+            log(f"{sname} M={m}")
+            r, t = run_point(sname, n, k, m, bw, a)
+            rows.append(r)
+            if t:
+                table.append(t)
+    print(tabulate([[r["shape"], r["M"], r["path"], r["roofline_us"], r["unfused_us"], r["fused_us"] or "-",
+                     r["fused_us"] / r["unfused_us"] if isinstance(r["fused_us"], float) else "-"] for r in rows],
+                   headers=["shape", "M", "blockscale_mm path", "roofline", "unfused", "fused", "fused / unfused"],
+                   floatfmt=".2f"))  # fmt: skip
+    print(f"\nTABLE rows ({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s,"
+          " by `python benchmarks/quant_gemm.py`):")  # fmt: skip
+    print("\n".join(table))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth": bw, "device": name, "rows": rows}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
