@@ -33,7 +33,8 @@ class FusionConfig:
     # measured on the H200 (patterns/gemm_silu_quant.py).
     gemm_silu_quant: bool = True
     # group_quant -> blockscale_mm (the o_proj input at batch 1-4)  =>  one op, the quant inside the GEMV, where its
-    # measured table says so. Bit-exact: the GEMV config blockscale_mm runs (patterns/quant_gemm.py).
+    # measured table says so (the 8B o_proj at batch 1). Not bit-exact (its GEMV config may differ from the GEMM's),
+    # so deterministic mode keeps it off; measured on the H200 (patterns/quant_gemm.py).
     quant_gemm: bool = True
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)

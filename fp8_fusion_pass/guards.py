@@ -228,7 +228,7 @@ def should_quant_in_gemm(x, w, out_dtype: torch.dtype, group_size: int) -> Verdi
     (m, k), n = x.shape, w.shape[0]
     a = _arch.arch_of(x.device)
     if fused.fused_config(a, x.device.type, w.dtype, m, n, k, group_size, out_dtype) is None:
-        why = ("measured no faster than the two launches (or blockscale_mm runs no GEMV here)"
+        why = ("measured no faster than the two launches"
                if fused.measured(a, m, n, k) else "never measured on this GPU, so not assumed faster")  # fmt: skip
         return reject("unfused_pair_faster", f"M={m}, N={n}, K={k} on {a.name}: the quantizing GEMV was {why} "
                       "(group_quant_blockscale_mm.TABLE); the quant stays its own launch")

@@ -36,7 +36,7 @@ FUSIONS: tuple[Fusion, ...] = (
     # blockscale_mm (or grouped gate / up) -> silu_mul_group_quant  ->  blockscale_mm_silu_mul_group_quant
     Fusion("gemm_silu_quant", "gemm_silu_quant", "gemm_silu_quant", "blockscale_mm_silu_mul_group_quant", False),
     # group_quant -> blockscale_mm (no producer took the quant in), M <= 4  ->  group_quant_blockscale_mm
-    Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", True),
+    Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

@@ -10,10 +10,12 @@ activation itself.
 
 At decode the o_proj input quant is a launch of its own, ~1.25 us in a CUDA graph before a ~7 us GEMV on the H200
 (``benchmarks/profile_step.py``, Llama-3.1-8B, batch 1). The fused op's Triton implementation runs the GEMV with
-the quant inside where ``kernels/triton/group_quant_blockscale_mm.TABLE`` measured that faster, at the GEMV
-config ``blockscale_mm`` itself runs, so its output is the unfused pair's bit for bit; elsewhere it runs the pair.
+the quant inside where ``kernels/triton/group_quant_blockscale_mm.TABLE`` measured that faster (the 8B o_proj at
+M = 1: 8.19 against 8.93 us, ``benchmarks/quant_gemm.py --sweep``), elsewhere the pair. Its GEMV config is its
+own (8 rows per program, the activation quantized half as often as at the GEMM's 4), so its sums may be
+ordered differently from the unfused GEMM's: not bit-exact, off in deterministic mode.
 
-Runs after ``gemm_silu_quant``, on the quants left. Guards: the switch; the quant's q and scale feed only
+Runs after ``gemm_silu_quant``, on the quants left. Guards: the switch and deterministic mode; the quant's q and scale feed only
 ``blockscale_mm`` as its (q, x_scale), directly (``consumer_not_blockscale_mm``: no reshape between, as
 ``BlockFP8Linear`` writes it); a bf16 2-D input; groups of 128 and the fused op on the GEMM's backend
 (``no_fused_kernel``: not aiter); a static M of at most 4 rows (``m_above_gemv``) with a measured win at that M

@@ -7,10 +7,13 @@ graph on the H200 before a ~7 us GEMV (``benchmarks/profile_step.py``, Llama-3.1
 program reads the activation row(s) anyway, a few KB from L2, so it can quantize them itself
 (``_gemv_kernels.gemv_mm_bf16``: ``group_quant_tile``, the group-quant kernel's steps, chunk by chunk).
 
-Choice per (arch, M bucket, N, K): ``TABLE`` says whether the fused launch was measured faster; the GEMV config is
-the one ``blockscale_mm`` runs for that GEMM (its own TABLE's GEMV row), so the fused launch is bit for bit the
-unfused pair. Anything else (no row, False, M > 4, a group other than 128, a plan that is not the GEMV) runs the
-pair: ``group_quant`` then ``blockscale_mm``.
+Choice per (arch, M bucket, N, K): the GEMV config in ``TABLE`` where the fused launch measured faster
+(``benchmarks/quant_gemm.py --sweep``). It is bit for bit ``group_quant`` + ``gemv_mm`` at that config; the unfused
+GEMM runs its own TABLE's config, whose sums may be ordered differently (one bf16 ulp), so the rewrite is not
+bit-exact against the unfused graph. Anything else (no row, None, M > 4, a group other than 128) runs the pair:
+``group_quant`` then ``blockscale_mm``. At ``blockscale_mm``'s own GEMV config the fused launch was slower at
+every measured shape (the quant in every program costs more than the launch): a config of its own, with more
+rows per program (the activation quantized half as often), is what won on the 8B o_proj.
 """
 
 from __future__ import annotations
@@ -25,10 +28,21 @@ from .group_quant import group_quant
 
 OP = "group_quant_blockscale_mm"
 
-# (arch name, M bucket, N, K) -> True where the fused GEMV beat group_quant + blockscale_mm (measured by
-# ``benchmarks/quant_gemm.py``), False where it did not.
+# (arch name, M bucket, N, K) -> the fused GEMV's config where it beat group_quant + blockscale_mm by more than 2%,
+# None where it did not.
 # fmt: off
-TABLE: dict[tuple[str, int, int, int], bool] = {
+TABLE: dict[tuple[str, int, int, int], GemvConfig | None] = {
+    # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0) by
+    # `python benchmarks/quant_gemm.py --ms 1 --sweep` on commit e0e5a22 (24 GEMV configs, each bit for bit the
+    # pair at its config). Microseconds, CUDA-graph medians; "pair" = group_quant + blockscale_mm (its GEMV).
+    # o_proj of Qwen3-8B and Llama-3.1-8B: fused 8.19 vs pair 8.93 (blockscale_mm's GEMV config 4 / 1024: 10.47)
+    ('sm90', 1, 4096, 4096): GemvConfig(8, 1024, 4, 1),
+    # Qwen3-32B o_proj: fused 19.27 (8 / 512 / 3 stages) vs pair 16.56
+    ('sm90', 1, 5120, 8192): None,
+    # Qwen3-8B qkv (its quant is normally the norm's): fused 11.66 (16 / 512 / 3 stages) vs pair 11.64
+    ('sm90', 1, 6144, 4096): None,
+    # Llama-3.1-8B down (blockscale_mm runs small-M there): fused 22.52 (8 / 1024 / 3 stages) vs pair 21.42
+    ('sm90', 1, 4096, 14336): None,
 }
 # fmt: on
 
@@ -36,12 +50,11 @@ TABLE: dict[tuple[str, int, int, int], bool] = {
 def fused_config(a: _arch.Arch, device_type: str, fp8: torch.dtype, m: int, n: int, k: int, group_size: int,
                  out_dtype: torch.dtype) -> GemvConfig | None:
     """The GEMV config the fused launch runs for this GEMM, or None when the unfused pair runs. Pure."""
-    if m > GEMV_MAX_M or group_size != SCALE_BLOCK or not TABLE.get((a.name, _bm.m_bucket(m), n, k)):
+    if m > GEMV_MAX_M or group_size != SCALE_BLOCK:
         return None
-    choice = _bm.plan(a, device_type, fp8, m, n, k, group_size, out_dtype)
-    if choice.path != "gemv":
-        return None
-    return choice.config or GemvConfig()
+    if _bm.unsupported("gemv", a, device_type, fp8, n, k, group_size, out_dtype) is not None:
+        return None  # no fp8 Triton here (the pair then runs on whatever can)
+    return TABLE.get((a.name, _bm.m_bucket(m), n, k))
 
 
 def measured(a: _arch.Arch, m: int, n: int, k: int) -> bool:

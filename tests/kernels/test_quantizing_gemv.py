@@ -59,22 +59,17 @@ def test_adversarial_rows_match_the_pair_bit_for_bit(rows):
     assert torch.equal(_bits(got), _bits(want))  # NaN where the pair has NaN, bit for bit
 
 
-PIN_CONFIG = GemvConfig(4, 256, 4, 1)
-
-
-def _pin(monkeypatch, m, n, k, fused: bool, config=PIN_CONFIG):
-    a = arch.arch_of("cpu").name
-    monkeypatch.setitem(gqm.TABLE, (a, bm.m_bucket(m), n, k), fused)
-    monkeypatch.setitem(bm.TABLE, (a, bm.m_bucket(m), n, k), bm.Choice("gemv", config))
+def _pin(monkeypatch, m, n, k, config):
+    monkeypatch.setitem(gqm.TABLE, (arch.arch_of("cpu").name, bm.m_bucket(m), n, k), config)
 
 
 def test_the_op_runs_the_gemv_where_the_table_says(monkeypatch):
     _, _, w, s = make_inputs(1, 256, 512)
     x = torch.randn(1, 512, dtype=torch.float32).to(BF16)
     config = GemvConfig(8, 256, 4, 1)
-    _pin(monkeypatch, 1, 256, 512, True, config)
+    _pin(monkeypatch, 1, 256, 512, config)
     a = arch.arch_of("cpu")
-    assert gqm.fused_config(a, "cpu", w.dtype, 1, 256, 512, 128, BF16) == config  # blockscale_mm's own GEMV config
+    assert gqm.fused_config(a, "cpu", w.dtype, 1, 256, 512, 128, BF16) == config
     calls = []
     monkeypatch.setattr(gqm, "gemv_mm_bf16", lambda *args: calls.append(args) or gemv_mm_bf16(*args))
     with backends.use_backend("triton"):
@@ -87,17 +82,19 @@ def test_the_op_runs_the_gemv_where_the_table_says(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "m, fused, group, why",
+    "m, config, group, why",
     [
-        (1, False, 128, "measured slower"),
-        (5, True, 128, "M above the GEMV's 4 rows"),
-        (1, True, 64, "groups of 64: the GEMV takes 128"),
+        (1, None, 128, "measured slower"),
+        (1, "no row", 128, "never measured"),
+        (5, GemvConfig(8, 256, 4, 1), 128, "M above the GEMV's 4 rows"),
+        (1, GemvConfig(8, 256, 4, 1), 64, "groups of 64: the GEMV takes 128"),
     ],
 )
-def test_the_op_runs_the_pair_elsewhere(monkeypatch, m, fused, group, why):
+def test_the_op_runs_the_pair_elsewhere(monkeypatch, m, config, group, why):
     _, _, w, s = make_inputs(m, 256, 512)
     x = torch.randn(m, 512).to(BF16)
-    _pin(monkeypatch, m, 256, 512, fused)
+    if config != "no row":
+        _pin(monkeypatch, m, 256, 512, config)
     monkeypatch.setattr(gqm, "gemv_mm_bf16", lambda *args: pytest.fail(f"the fused GEMV ran: {why}"))
     with backends.use_backend("triton"):
         got = OP(x, w, s, BF16, group)
@@ -105,11 +102,11 @@ def test_the_op_runs_the_pair_elsewhere(monkeypatch, m, fused, group, why):
     assert torch.equal(_bits(got), _bits(want)), why
 
 
-def test_a_table_row_without_a_gemv_plan_runs_the_pair(monkeypatch):
-    a = arch.arch_of("cpu").name
-    monkeypatch.setitem(gqm.TABLE, (a, 1, 256, 512), True)
-    monkeypatch.setitem(bm.TABLE, (a, 1, 256, 512), bm.Choice("small_m"))
-    assert gqm.fused_config(arch.arch_of("cpu"), "cpu", arch.fp8_dtype("cpu"), 1, 256, 512, 128, BF16) is None
+def test_every_table_row_is_a_config_the_gemv_takes():
+    assert gqm.TABLE, "measured rows expected"
+    for (arch_name, bucket, n, k), config in gqm.TABLE.items():
+        assert arch_name == "sm90" and bucket in (1, 4) and k % 128 == 0, (n, k)
+        assert config is None or isinstance(config, GemvConfig), config
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """On a CUDA GPU: the GEMV that quantizes its own bf16 input (``_gemv_kernels.gemv_mm_bf16``) at the model shapes,
 bit for bit ``gemv_mm`` on the group-quant kernel's output at the same config (random and adversarial rows); the op
 ``group_quant_blockscale_mm`` through its table, inside a CUDA graph. ``python -m pytest
-tests/kernels/test_quant_gemm_gpu.py -m gpu -q``.
+tests/kernels/test_quantizing_gemv_gpu.py -m gpu -q``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from gemm_helpers import make_inputs
 import fp8_fusion_pass.kernels.ops  # noqa: F401
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import backends
-from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
 from fp8_fusion_pass.kernels.triton import group_quant_blockscale_mm as gqm
 from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig, gemv_mm, gemv_mm_bf16
 from fp8_fusion_pass.kernels.triton.group_quant import group_quant
@@ -54,11 +53,12 @@ def test_the_op_in_a_cuda_graph(monkeypatch):
     _, _, w, s = make_inputs(1, n, k, device="cuda")
     x = torch.randn(1, k, device="cuda", dtype=BF16)
     key = (arch.arch_of("cuda").name, 1, n, k)
-    monkeypatch.setitem(gqm.TABLE, key, True)
-    assert gqm.fused_config(arch.arch_of("cuda"), "cuda", w.dtype, 1, n, k, 128, BF16) is not None, bm.TABLE.get(key)
+    monkeypatch.setitem(gqm.TABLE, key, GemvConfig(8, 1024, 4, 1))
+    config = gqm.fused_config(arch.arch_of("cuda"), "cuda", w.dtype, 1, n, k, 128, BF16)
+    assert config == GemvConfig(8, 1024, 4, 1)
     op = torch.ops.fp8_fusion.group_quant_blockscale_mm
     with backends.use_backend("triton"):
-        want = bm.blockscale_mm(*group_quant(x, 128), w, s, BF16)
+        want = gemv_mm(*group_quant(x, 128), w, s, BF16, config)
         op(x, w, s, BF16, 128)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
