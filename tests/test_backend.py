@@ -114,7 +114,8 @@ def test_fuse_class_decorator_bare_and_with_config():
     out, reports = compiled_report(m, x)
     assert reports[0].counts()["norm_quant"] == 1
     _, reports = compiled_report(Off(form="op"), x)
-    assert reports[0].rejection_reasons() == {"disabled_by_config": 1}
+    # the quant the norm left is quant_gemm's candidate, rejected at these 2 x 3 = 6 rows (M > 4)
+    assert reports[0].rejection_reasons() == {"disabled_by_config": 1, "m_above_gemv": 1}
     assert Fused(form="op")._compiled_call_impl is not None  # the decorator compiles every instance
 
 

@@ -125,3 +125,24 @@ def test_bad_inputs_raise_clear_errors(change, error, match):
     x = torch.randn(1, 512).to(BF16)
     with pytest.raises(error, match=match):
         OP(*change(x, w, s), BF16, 128)
+
+
+def test_benchmark_dry_run_prints_pasteable_rows(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out_json = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "quant_gemm.py"), "--dry-run", "--json",
+                           str(out_json)], env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WRONG" not in proc.stderr
+    rows = proc.stdout.split("by `python benchmarks/quant_gemm.py`):\n")[1]
+    table = eval("{\n" + rows + "\n}", {"GemvConfig": GemvConfig})
+    assert set(table) == {("cpu", 1, 256, 512)} and all(v is None or isinstance(v, GemvConfig) for v in table.values())
+    with open(out_json) as f:
+        (row,) = json.load(f)["rows"]
+    assert row["path"] == "gemv" and isinstance(row["fused_us"], float)  # its own config ran, bit for bit the pair
