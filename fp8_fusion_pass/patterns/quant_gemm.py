@@ -46,10 +46,7 @@ def _gemms(quant: Node) -> list[Node] | None:
     if not qs or len(quant.users) != len(qs) + len(ss):
         return None
     gemms = {u for g in qs + ss for u in g.users}
-    for u in gemms:
-        if u.target is not BLOCKSCALE_MM or u.args[0] not in qs or u.args[1] not in ss:
-            return None
-    if any(u not in gemms for g in qs + ss for u in g.users):
+    if any(u.target is not BLOCKSCALE_MM or u.args[0] not in qs or u.args[1] not in ss for u in gemms):
         return None
     return [n for n in quant.graph.nodes if n in gemms]  # graph order
 
