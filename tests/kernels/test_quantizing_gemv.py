@@ -50,6 +50,14 @@ def test_quantizing_gemv_is_quant_then_gemv_bit_for_bit(m, n, k, config, out_dty
     assert torch.equal(_bits(got), _bits(_pair(x, w, s, config, out_dtype))), f"M={m} N={n} K={k} {config}"
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.float32])
+def test_fp16_and_fp32_inputs_too(x_dtype):
+    _, _, w, s = make_inputs(2, 256, 512)
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(3)).to(x_dtype)
+    config = GemvConfig(4, 256, 4, 1)
+    assert torch.equal(_bits(gemv_mm_bf16(x, w, s, BF16, config)), _bits(_pair(x, w, s, config)))
+
+
 @pytest.mark.parametrize("rows", [slice(0, 4), slice(4, 8), slice(8, 9)])
 def test_adversarial_rows_match_the_pair_bit_for_bit(rows):
     x = _adversarial(9, 256)[rows]  # zeros, +-inf, NaN, 1e30, denormals, fp8-max edges, a zero row
