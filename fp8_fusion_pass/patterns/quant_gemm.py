@@ -17,7 +17,7 @@ ordered differently from the unfused GEMM's: not bit-exact, off in deterministic
 
 Runs after ``gemm_silu_quant``, on the quants left. Guards: the switch and deterministic mode; the quant's q and scale feed only
 ``blockscale_mm`` as its (q, x_scale), directly (``consumer_not_blockscale_mm``: no reshape between, as
-``BlockFP8Linear`` writes it); a bf16 2-D input; groups of 128 and the fused op on the GEMM's backend
+``BlockFP8Linear`` writes it, so the input is [M, K]); a bf16 input; groups of 128 and the fused op on the GEMM's backend
 (``no_fused_kernel``: not aiter); a static M of at most 4 rows (``m_above_gemv``) with a measured win at that M
 and shape (``unfused_pair_faster``). A symbolic M is fused: the op picks per call. A quant feeding several GEMMs
 gives each its own fused op (each GEMV re-reads the few-KB activation anyway).
@@ -55,9 +55,7 @@ def _check(quant: Node, gemms: list[Node]) -> guards.Verdict:
     x = _graph.val(quant.args[0])
     g = group_size_of(quant)
     verdict = guards.first_failure(
-        lambda: guards.can_dtype(x),
-        lambda: guards.OK if x.dim() == 2 else guards.reject(
-            "reshape_changes_last_dim", f"the quant's input is {x.dim()}-D; the fused op takes [M, K]"),
+        lambda: guards.can_dtype(x),  # 2-D: blockscale_mm reads its q directly (_gemms)
         lambda: guards.OK if g == GROUP else guards.reject(
             "no_fused_kernel", f"group {g}: the quantizing GEMV takes groups of {GROUP}"),
         lambda: guards.can_fuse_on_gemm_backend("group_quant_blockscale_mm", "blockscale_mm", x.device),

@@ -61,6 +61,13 @@ def test_switches_and_deterministic_mode_keep_it_off(engine_graph, monkeypatch):
     assert count(out, FUSED) == 0 and count(out, ops.silu_mul_group_quant.default) == LAYERS, r.render()
 
 
+def test_the_pass_constants_are_the_kernel_facts():
+    from fp8_fusion_pass.kernels.triton import _gemv_kernels
+    from fp8_fusion_pass.patterns import quant_gemm
+
+    assert quant_gemm.GEMV_MAX_M == _gemv_kernels.GEMV_MAX_M and quant_gemm.GROUP == _gemv_kernels.SCALE_BLOCK
+
+
 def test_more_than_four_rows_keep_the_quant():
     r, out = run_pass(_graph("engine", batch=2, seq=5), ALONE)
     assert count(out, FUSED) == 0 and count(out, ops.group_quant.default) == LAYERS

@@ -26,8 +26,6 @@ from ._blockscale_kernels import SCALE_BLOCK
 from ._gemv_kernels import GEMV_MAX_M, GemvConfig, gemv_mm_bf16
 from .group_quant import group_quant
 
-OP = "group_quant_blockscale_mm"
-
 # (arch name, M bucket, N, K) -> the fused GEMV's config where it beat group_quant + blockscale_mm by more than 2%,
 # None where it did not.
 # fmt: off
