@@ -1,11 +1,12 @@
 """The small-M GEMM sweep of ``benchmarks/gemm.py``: which configs it times per (N, K, M), and what each tuning
 idea of ``_small_m_kernels.py`` gave (the ratio of the best time with the idea to the best time without it).
 
-Compile-time families (block_n, warps, stages, k_unroll, fma) x split-K (a runtime argument, so free to sweep):
+Compile-time families (block_n, warps, stages, k_unroll, fma, tma) x split-K (a runtime argument, so free to sweep):
 each family gets the splits that give about 132, 264, 396 and 528 programs (1 to 4 per SM of an H200; a
 persistent grid would be the same thing), every split summed in the same launch ("last"). The two-launch sum
 ("kernel") is timed at the default config and at the best config, so idea 1 is measured at both.
-Compiles: 8 MMA families x 3 row classes (16, 32, 64) and 3 GEMV families x 2 (1, 4), two modes each at most.
+Compiles: 15 MMA families (7 of them TMA) x 3 row classes (16, 32, 64) and 3 GEMV families x 2 (1, 4), two modes
+each at most.
 """
 
 from __future__ import annotations
@@ -15,23 +16,30 @@ import math
 
 from fp8_fusion_pass.kernels.triton._small_m_kernels import FMA_MAX_M, SmallMConfig, split_plan
 
-# (block_n, warps, stages, k_unroll, fma)
+# (block_n, warps, stages, k_unroll, fma, tma)
 FAMILIES = [
-    (32, 4, 4, 1, False),  # round 1's shapes: 32 / 64 / 128 wide at 4 stages
-    (64, 4, 4, 1, False),
-    (128, 4, 4, 1, False),
-    (64, 4, 4, 2, False),  # idea 2: two scale groups (256 K) per iteration
-    (128, 4, 4, 2, False),
-    (64, 4, 6, 1, False),  # idea 3: deeper pipeline
-    (128, 8, 4, 1, False),  # idea 3: 8 warps
-    (256, 8, 3, 1, False),  # idea 4: a quarter of the activation re-reads
-    (256, 4, 4, 1, False),  # idea 11: the 256-row tile at any M (the best gate_up tile of the silu-quant epilogue)
-    (16, 4, 3, 1, True),  # idea 5: GEMV (M <= 4)
-    (32, 4, 3, 1, True),
-    (64, 4, 3, 1, True),
+    (32, 4, 4, 1, False, False),  # round 1's shapes: 32 / 64 / 128 wide at 4 stages
+    (64, 4, 4, 1, False, False),
+    (128, 4, 4, 1, False, False),
+    (64, 4, 4, 2, False, False),  # idea 2: two scale groups (256 K) per iteration
+    (128, 4, 4, 2, False, False),
+    (64, 4, 6, 1, False, False),  # idea 3: deeper pipeline
+    (128, 8, 4, 1, False, False),  # idea 3: 8 warps
+    (256, 8, 3, 1, False, False),  # idea 4: a quarter of the activation re-reads
+    (256, 4, 4, 1, False, False),  # idea 11: the 256-row tile at any M (the best gate_up tile of the silu-quant epilogue)
+    (16, 4, 3, 1, True, False),  # idea 5: GEMV (M <= 4)
+    (32, 4, 3, 1, True, False),
+    (64, 4, 3, 1, True, False),
+    (32, 4, 4, 1, False, True),  # idea 13: the operand tiles by TMA
+    (64, 4, 3, 1, False, True),
+    (64, 4, 4, 1, False, True),
+    (64, 4, 6, 1, False, True),
+    (128, 4, 4, 1, False, True),
+    (128, 8, 4, 1, False, True),
+    (256, 8, 3, 1, False, True),
 ]
-QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9]]
-DRY_FAMILIES = [(32, 4, 2, 2, False), (32, 4, 2, 1, True)]
+QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9], FAMILIES[14]]
+DRY_FAMILIES = [(32, 4, 2, 2, False, False), (32, 4, 2, 1, True, False), (32, 4, 2, 1, False, True)]
 PROGRAM_TARGETS = (132, 264, 396, 528)
 
 
@@ -39,12 +47,12 @@ def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128) ->
     """Distinct small-M configs (effective split-K, as ``split_plan`` runs it) for one GEMM."""
     k_tiles = k // block_k
     out: list[SmallMConfig] = []
-    for block_n, warps, stages, unroll, fma in families:
+    for block_n, warps, stages, unroll, fma, tma in families:
         if fma and m > FMA_MAX_M:
             continue
         n_tiles = math.ceil(n / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), unroll)[0] for t in PROGRAM_TARGETS}
-        out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma) for s in sorted(splits)]
+        out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma) for s in sorted(splits)]
     return list(dict.fromkeys(out))
 
 
@@ -64,6 +72,7 @@ IDEAS = {
                      lambda c: c.block_n == 64 and c.stages == 4 and c.k_unroll == 1),
     "fma GEMV": (lambda c: c.fma, lambda c: not c.fma),
     "split 1": (lambda c: c.split_k == 1, lambda c: c.split_k > 1),
+    "tma": (lambda c: c.tma, lambda c: not c.tma and not c.fma and c.k_unroll == 1),
 }  # fmt: skip
 
 
@@ -71,7 +80,9 @@ def idea_ratios(timed: dict[SmallMConfig, float]) -> dict[str, float | None]:
     """Best time among the configs with each idea over the best among those it is compared with."""
     out: dict[str, float | None] = {}
     for name, (has, base) in IDEAS.items():
-        a = [t for c, t in timed.items() if c.reduce == "last" and has(c)]
-        b = [t for c, t in timed.items() if c.reduce == "last" and base(c)]
+        # every other idea compares pointer-loaded configs, as it did before the TMA families existed
+        pool = {c: t for c, t in timed.items() if c.reduce == "last" and (name == "tma" or not c.tma)}
+        a = [t for c, t in pool.items() if has(c)]
+        b = [t for c, t in pool.items() if base(c)]
         out[name] = min(a) / min(b) if a and b else None
     return out

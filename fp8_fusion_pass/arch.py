@@ -39,6 +39,8 @@ class Arch:
     per_tensor_scaled_mm: bool
     # Programmatic dependent launch: griddepcontrol and cp.async.bulk.prefetch (sm90+; kernels/triton/_pdl.py).
     pdl: bool = False
+    # The tensor memory accelerator behind Triton's tensor descriptors (sm90+; the small-M GEMM's ``tma`` tiles).
+    tma: bool = False
 
     @property
     def is_rocm(self) -> bool:
@@ -83,6 +85,7 @@ def _nvidia(major: int, minor: int) -> Arch:
         blockwise_scaled_mm=major == 9,
         per_tensor_scaled_mm=fp8,
         pdl=major >= 9,
+        tma=major >= 9,
     )
 
 

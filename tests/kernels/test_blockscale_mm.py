@@ -8,6 +8,8 @@ padded, Triton tiled, Triton small-M) at the real K and odd M.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from gemm_helpers import DEVICE, assert_close, make_inputs, oracle
@@ -106,6 +108,48 @@ def test_last_program_sum_equals_reduce_kernel_bitwise(split):
         assert torch.equal(y_last, y_kernel)
     assert int(smk._counters[q.device].abs().sum()) == 0
     assert_close(y_last, oracle(q, xs, w_q, w_s), FP32, "last")
+
+
+@pytest.mark.parametrize("m, n, k, group, config", [
+    (3, 200, 1024, 128, SmallMConfig(64, 3, 4, 2, "last", tma=True)),  # rows past N and M read as zeros
+    (70, 200, 768, 128, SmallMConfig(64, 2, 4, 2, "kernel", tma=True)),  # two 64-row tiles, the second nearly empty
+    (17, 256, 640, 64, SmallMConfig(32, 2, 4, 2, "last", k_unroll=2, tma=True)),  # 64-wide K tiles, unrolled
+    (5, 256, 512, 128, SmallMConfig(128, 1, 4, 2, tma=True)),  # one program per tile, no split
+])  # fmt: skip
+def test_tma_tiles_equal_pointer_tiles_bitwise(m, n, k, group, config):
+    # The copy engine moves the same tiles into the same MMA: the output must not change by a bit.
+    q, xs, w_q, w_s = make_inputs(m, n, k, group=group)
+    a_desc, _ = smk._descriptors(q, [(w_q, w_s)], config, smk.small_m_block_m(m), 128 if group == 128 else 64, False)
+    assert a_desc is not q  # the TMA path is the one under test
+    y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
+    plain = dataclasses.replace(config, tma=False)
+    assert torch.equal(y, bm.run("small_m", q, xs, w_q, w_s, FP32, config=plain))
+    assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
+
+
+def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
+    # A base off 16 bytes, or several weights in one launch: the pointer loads run, with the same result.
+    q, xs, w_q, w_s = make_inputs(5, 256, 512)
+    cfg = SmallMConfig(64, 2, 4, 2, "last", tma=True)
+    shifted = torch.empty(5, 512 + 16, dtype=q.dtype)[:, 1:513]
+    shifted.copy_(q)
+    assert smk._descriptors(shifted, [(w_q, w_s)], cfg, 16, 128, False)[0] is shifted
+    assert smk._descriptors(q, [(w_q, w_s)] * 2, cfg, 16, 128, False)[0] is q
+    assert smk._descriptors(q, [(w_q, w_s)], cfg, 16, 128, True)[0] is q  # bf16 input: quantized inside
+    monkeypatch.setattr(arch, "triton_interpreting", lambda: False)
+    for name, has_tma in (("sm89", False), ("gfx942", False), ("sm90", True)):  # TMA: Hopper on
+        with arch.simulate_arch(name):
+            assert (smk._descriptors(q, [(w_q, w_s)], cfg, 16, 128, False)[0] is not q) == has_tma, name
+    monkeypatch.undo()
+    want = bm.run("small_m", q, xs, w_q, w_s, FP32, config=dataclasses.replace(cfg, tma=False))
+    assert torch.equal(bm.run("small_m", shifted, xs, w_q, w_s, FP32, config=cfg), want)
+    grouped = smk.small_m_mm_grouped(q, xs, [w_q, w_q[:128]], [w_s, w_s[:1]], FP32, cfg)
+    assert torch.equal(grouped[:, :256], want)
+
+
+def test_tma_config_rejects_the_gemv():
+    with pytest.raises(ValueError, match="tma"):
+        SmallMConfig(16, 1, 4, 2, fma=True, tma=True)
 
 
 def test_last_falls_back_to_reduce_kernel(monkeypatch):

@@ -190,7 +190,21 @@ SMALL_M_VARIANTS = [
     SmallMConfig(32, 1, 4, 4),
     SmallMConfig(32, 4, 4, 3, "last", fma=True),
     SmallMConfig(16, 8, 4, 3, "last", fma=True),
+    SmallMConfig(64, 4, 4, 4, "last", tma=True),
+    SmallMConfig(128, 1, 4, 4, "last", tma=True),
+    SmallMConfig(32, 8, 4, 4, "kernel", tma=True),
 ]
+
+
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288), (5120, 8192)])
+@pytest.mark.parametrize("m", [1, 5, 16, 40, 64, 100])
+@pytest.mark.parametrize("cfg", [c for c in SMALL_M_VARIANTS if c.tma])
+def test_tma_tiles_equal_pointer_tiles_bitwise_on_gpu(m, n, k, cfg):
+    # Same tiles, same MMA, same promotion order: TMA loads must not change a bit (rows past M read as zeros).
+    q, xs, w_q, w_s = make_inputs(m, n, k, device="cuda")
+    plain = SmallMConfig(**{**cfg.__dict__, "tma": False})
+    assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg),
+                       bm.run("small_m", q, xs, w_q, w_s, BF16, config=plain))  # fmt: skip
 
 
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (10240, 5120), (5120, 25600)])

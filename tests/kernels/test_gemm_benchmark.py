@@ -54,7 +54,7 @@ def test_sweep_candidates(n, k, m):
         assert split_plan(k // 128, c.split_k, c.k_unroll)[0] == c.split_k  # pinned as it runs
         assert c.reduce == "last"
         assert m <= FMA_MAX_M or not c.fma
-    families = {(c.block_n, c.warps, c.stages, c.k_unroll, c.fma) for c in cands}
+    families = {(c.block_n, c.warps, c.stages, c.k_unroll, c.fma, c.tma) for c in cands}
     assert families == {f for f in sweep.FAMILIES if m <= FMA_MAX_M or not f[4]}
 
 
@@ -66,11 +66,13 @@ def test_idea_ratios():
         SmallMConfig(64, 4, reduce="last", k_unroll=2): 9.0,
         SmallMConfig(128, 2, reduce="last"): 12.0,
         SmallMConfig(32, 4, stages=3, reduce="last", fma=True): 15.0,
+        SmallMConfig(64, 4, reduce="last", tma=True): 8.0,
     }
     r = sweep.idea_ratios(timed)
     assert r["k_unroll 2"] == pytest.approx(0.9)
     assert r["fma GEMV"] == pytest.approx(15.0 / 9.0)
     assert r["bn 128 vs 64"] == pytest.approx(1.2)
+    assert r["tma"] == pytest.approx(0.8)  # against the pointer-loaded configs only
     assert r["stages 6"] is None and r["split 1"] is None
 
 

@@ -65,6 +65,8 @@ SCRIPT = textwrap.dedent(
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         if consts.get("PDL"):
             pdl[fn.__name__ + " " + str(sorted(consts.items()))] = pdl_facts(k.asm["ptx"])
+        if consts.get("TMA"):  # the tiles come by the copy engine, not by per-thread loads of the same bytes
+            pdl["TMA copies"] = k.asm["ptx"].count("cp.async.bulk.tensor")
         full = []  # layout conversions of 3-D tiles with a real column axis: [BLOCK_M, GPC, G > 1]
         for line in k.asm["ttgir"].splitlines():
             m = re.search(r"ttg.convert_layout %\S+ : tensor<([0-9x]+)x[a-z]", line)
@@ -101,7 +103,8 @@ SCRIPT = textwrap.dedent(
           "as_ptr": "*fp32", "bs_ptr": "*fp32", **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bn",
           "stride_cm", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "k_tiles_per_split")},
           **{f"{n}{g}": "i32" for g in (1, 2) for n in ("N", "stride_bn", "stride_bsn", "stride_bsk")},
-          "b1_ptr": "*fp8e4nv", "b2_ptr": "*fp8e4nv", "bs1_ptr": "*fp32", "bs2_ptr": "*fp32"}
+          "b1_ptr": "*fp8e4nv", "b2_ptr": "*fp8e4nv", "bs1_ptr": "*fp32", "bs2_ptr": "*fp32",
+          "a_desc": "*fp8e4nv", "b_desc": "*fp8e4nv"}
     # the small-M GEMM: fp8 input with the in-launch split-K sum, the bf16-input variant (its quant inside; it
     # once failed to compile on the GPU only: two returns of different types), the GEMV, and
     # three GEMMs sharing the activation in one launch (q / k / v: each N tile selects its group's weight); with
@@ -110,12 +113,18 @@ SCRIPT = textwrap.dedent(
             (False, 2, False, 16, 64, 1, False), (True, 2, False, 16, 64, 1, False), (True, 1, True, 1, 16, 1, False),
             (False, 2, False, 16, 64, 3, False), (False, 2, False, 16, 64, 1, True),
             (False, 1, False, 16, 64, 3, True)]:
-        sig = dict(MM, a_ptr="*bf16") if quant_a else MM
+        sig = dict(MM, a_ptr="*bf16", a_desc="*bf16") if quant_a else MM
         c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1,
                  MODE=mode, GROUPS=groups, FMA=fma, QUANT_A=quant_a, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False,
-                 EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on)
+                 EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on, TMA=False)
         name = f"small_m{' PDL' if pdl_on else ''} quant_a={quant_a} mode={mode} fma={fma} groups={groups}"
         out[name] = build(smk._small_m_kernel, sig, c, 4)
+    # and with both operand tiles by TMA (tensor descriptors; 64 activation rows, the in-launch split-K sum)
+    sig = dict(MM, a_desc="tensordesc<fp8e4nv[64, 128]>", b_desc="tensordesc<fp8e4nv[64, 128]>")
+    c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, K_UNROLL=1, MODE=2, GROUPS=1,
+             FMA=False, QUANT_A=False, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, EMULATE_CAST=False, PDL=False,
+             PREFETCH=False, TMA=True)
+    out["small_m TMA mode=2"] = build(smk._small_m_kernel, sig, c, 4)
     # the gate/up GEMM with the SiLU-and-mul and group quant in its epilogue (_small_m_silu_kernels.py): one
     # program's whole sum, the last split's, and with PDL
     from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
@@ -184,7 +193,8 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
-    assert len(result) == 34, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
+    assert pdl.pop("TMA copies") >= 2, "the TMA small-M GEMM must load both operand tiles with cp.async.bulk.tensor"
+    assert len(result) == 35, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

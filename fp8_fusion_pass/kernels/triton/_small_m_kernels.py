@@ -13,6 +13,9 @@ At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8
   not per call. Memory order: stores -> CTA barrier -> acq_rel gpu-scope ticket (CUTLASS's semaphore pattern);
   the last program reads partials with ``.cg`` (L2, never a stale L1 line).
 - ``k_unroll``: K tiles (one weight-scale block each) per loop iteration: 2 = a 256-wide K step, two promotions.
+- ``tma``: both operand tiles loaded by the copy engine from tensor descriptors (sm90+; one weight, fp8 input);
+  a launch that cannot take them (several weights, a bf16 input, an unaligned base, no TMA) loads the same tiles
+  through pointers, with the same output bit for bit.
 - ``fma``: for M <= ``FMA_MAX_M`` a GEMV without tensor cores: fp32 products and a sum over K in registers.
 - ``small_m_mm_bf16``: the activation is bf16 and quantized inside the GEMM (``_fp8.group_quant_tile``, bit-exact
   with ``reference.group_quant``), as the seed PR's small-M GEMM does: no group-quant launch before the GEMM.
@@ -78,12 +81,28 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
 11. The 256-row tile at M < 16 (the sweep had skipped it there): predicted no better (idea 4). Measured: the best
     config for Qwen3-32B's 51200 x 5120 gate_up at M = 1, 66.9 us against 72.5 (``benchmarks/gemm.py --ms 1,16
     --only gate_up``); the 8B gate_up shapes keep the 128-row tile.
-Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.8-2.8x, the 4 MB k|v
-4.8-7.3x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
+12. The scales a K tile ahead (``_k_loop``). Nsight Compute on the H200 (``ncu --set full``, qkv 6144 x 4096 at M =
+    64, TABLE config): DRAM 40% and L2 53% of peak, 0.32 instructions issued per scheduler cycle, 164 registers per
+    thread (3 programs per SM, by registers and shared memory alike), and 43% of the stall cycles waiting on
+    L1TEX loads whose sectors were 4 of 32 bytes used: the weight / activation scale loads, which Triton does not
+    pipeline (in the TTGIR they sat after the stage's wait, on every iteration's critical path). Loading them one
+    iteration ahead puts them before the wait; predicted a large part of those stalls. Measured (same configs,
+    the old and new kernel in one run, 64 points): 0.96-0.99x at M = 4-32, 0.99-1.04x at M = 64; bit-identical.
+    So the stalls were mostly overlapped with the MMA wait already; kept, as it never lost by more than noise.
+13. TMA tiles (``tma``): no per-thread address arithmetic or ``cp.async`` per 16 bytes, the copy engine fills the
+    stage and signals an mbarrier. First measured as a prototype at the best of a sweep against the TABLE
+    config: 0.85-0.97x at M = 64 (down 4096 x 12288 26.0 -> 22.3 us), 0.95-1.0x at M = 16. In the sweep of
+    ``benchmarks/gemm.py`` ("tma" idea: best TMA config over best pointer config): 0.83-0.96x at M = 64, 0.89-1.02x
+    at M = 16 / 32, and 1.00-1.10x on the 1024-row k|v weights, which keep pointer loads. It took
+    33 of the 48 TABLE rows at M = 16-64 (cuBLAS kept 2).
+Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.7-2.7x, the 4 MB k|v
+5-7x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
 0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes
 2.9 / 6.1 / 8.2 us there, 1.4-3.1x its roofline. At M = 1 the GEMV (``_gemv_kernels.py``) is 1-14% faster, within
-0.94-1.16x of that read for all but the 4 MB k|v, and took those TABLE rows. At M = 64 this kernel is 1.4-1.75x the
-read on qkv, o, down and q_proj (``benchmarks/gemm.py``, 2026-12-01): the room left at decode sizes.
+0.94-1.16x of that read for all but the 4 MB k|v, and took those TABLE rows. At M = 64, with TMA, this kernel is
+1.23-1.64x the read on qkv, o, down and q_proj (was 1.42-1.75x): the room left at decode sizes. ncu's picture
+there (12 warps per SM, latency-bound at 40% of DRAM bandwidth) points at occupancy: fewer registers per thread
+or a warp-specialized loader, neither of which Triton 3.6 exposes for this loop.
 """
 
 from __future__ import annotations
@@ -94,6 +113,7 @@ import threading
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import arch as _arch
 from . import _pdl
@@ -118,64 +138,111 @@ class SmallMConfig:
     warps: int = 4
     stages: int = 4
     reduce: str = DEFAULT_REDUCE  # "kernel" | "last": how split-K partials are summed (see the module docstring)
-    k_unroll: int = 1  # K tiles per loop iteration
+    k_unroll: int = 1  # K tiles per loop iteration: 1 or 2 (``_k_loop`` carries that many tiles' scales ahead)
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
+    tma: bool = False  # operand tiles by TMA (idea 13); launches it cannot take run the same kernel without it
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
             raise ValueError(f"SmallMConfig.reduce must be one of {REDUCES}, got {self.reduce!r}")
-        for name in ("block_n", "k_unroll", "warps"):
+        if self.k_unroll not in (1, 2):
+            raise ValueError(f"SmallMConfig.k_unroll must be 1 or 2, got {self.k_unroll}")
+        for name in ("block_n", "warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"SmallMConfig.{name} must be a power of two, got {v}")
+        if self.tma and self.fma:
+            raise ValueError("SmallMConfig: tma loads tiles for the tensor cores; fma has none")
         if self.split_k < 1 or self.stages < 1:
             raise ValueError(f"SmallMConfig: split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
 
 
 @triton.jit
-def _x_tile(x_ptrs, xs_ptrs, k0, stride_ask, fp8_dtype: tl.constexpr, GROUP_K: tl.constexpr,
-            QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr,
-            EMULATE_CAST: tl.constexpr):  # fmt: skip
-    """The activation tile ``[BLOCK_K, BLOCK_M]`` fp8 and its scales ``[BLOCK_M]``: loaded, or (QUANT_A) quantized
-    here from the high-precision tile, one group per column (GROUP_K == BLOCK_K).
+def _x_tile(raw, x_s, fp8_dtype: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr,
+            FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):  # fmt: skip
+    """The activation tile ``[BLOCK_K, BLOCK_M]`` fp8 and its scales ``[BLOCK_M]`` from the loaded tile ``raw``:
+    as loaded (``x_s`` loaded a tile ahead by ``_k_loop``), or (QUANT_A) quantized here from the high-precision
+    tile, one group per column (GROUP_K == BLOCK_K; ``x_s`` is then unused).
 
     The quant is ``_fp8.group_quant_tile``'s steps along axis 0 of the transposed tile: the tile is loaded as
     the MMA wants it, with no ``tl.reshape`` / ``tl.trans``."""
     if QUANT_A:
-        y = to_fp32(tl.load(x_ptrs), EMULATE_CAST)
+        y = to_fp32(raw, EMULATE_CAST)
         scale = scale_of(amax_nan(y, 0, EMULATE_CAST), FP8_MAX)
         r, scale_fin = reciprocal_of(scale)
         x = cast_fp8(div_by_scale(y, scale_fin[None, :], r[None, :]), fp8_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ,
                      EMULATE_CAST)  # fmt: skip
     else:
-        x, scale = tl.load(x_ptrs), tl.load(xs_ptrs + (k0 // GROUP_K) * stride_ask)
+        x, scale = raw, x_s
     # One return: with two, Triton types both even though the constexpr branch is pruned, and a bf16 a_ptr
     # makes the loaded branch bf16 ("Return type mismatch", the CompilationError seen on Triton 3.6 and 3.9).
     return x, scale
 
 
 @triton.jit
+def _scales(ws_ptrs, xs_ptrs, kt, stride_bsk, stride_ask, GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+            BLOCK_K: tl.constexpr, QUANT_A: tl.constexpr):  # fmt: skip
+    """K tile ``kt``'s weight scales ``[rows]`` and activation scales ``[BLOCK_M]`` (QUANT_A: no activation scale
+    tensor; the weight scales stand in, unused)."""
+    k0 = kt * BLOCK_K
+    w_s = tl.load(ws_ptrs + (k0 // SCALE_BLOCK) * stride_bsk)
+    if QUANT_A:
+        x_s = w_s
+    else:
+        x_s = tl.load(xs_ptrs + (k0 // GROUP_K) * stride_ask)
+    return w_s, x_s
+
+
+@triton.jit
 def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, fp8_dtype: tl.constexpr,
             GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
             FMA: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
-            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr):  # fmt: skip
+            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr = False, n0=0, m0=0):  # fmt: skip
     """``acc [rows, BLOCK_M]`` += the weight rows' K tiles ``[kt_start, kt_end)`` times the activation's, each
     tile's product promoted by its weight-scale and activation-scale pair (the GEMM's one K loop, shared by
-    ``_small_m_kernel`` and the SiLU-quant epilogue kernel, ``_small_m_silu_kernels.py``)."""
+    ``_small_m_kernel`` and the SiLU-quant epilogue kernel, ``_small_m_silu_kernels.py``).
+
+    ``TMA``: ``w_ptrs`` / ``x_ptrs`` are tensor descriptors of the weight ``[N, K]`` and the activation ``[M, K]``
+    (blocks ``[rows, BLOCK_K]`` / ``[BLOCK_M, BLOCK_K]``), the tiles at rows ``n0`` / ``m0`` loaded by the copy
+    engine (rows past the end read as zeros), the activation's transposed in shared memory as the MMA wants it.
+
+    The scales are loaded one K tile ahead (module docstring, idea 12): Triton pipelines only the loads that
+    feed the MMA, so a scale load in the tile's own iteration was a round trip on every iteration's critical
+    path. The last iteration re-loads its own tile's scales (an in-range address, no mask)."""
+    kt_last = kt_end - K_UNROLL
+    w_next, x_next = _scales(ws_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K,
+                             QUANT_A)  # fmt: skip
+    if K_UNROLL == 2:
+        w_next1, x_next1 = _scales(ws_ptrs, xs_ptrs, kt_start + 1, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK,
+                                   BLOCK_K, QUANT_A)  # fmt: skip
+    else:
+        w_next1, x_next1 = w_next, x_next
     for kt in range(kt_start, kt_end, K_UNROLL):
+        w_s0, x_s0, w_s1, x_s1 = w_next, x_next, w_next1, x_next1
+        kt_ahead = tl.minimum(kt + K_UNROLL, kt_last)
+        w_next, x_next = _scales(ws_ptrs, xs_ptrs, kt_ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK,
+                                 BLOCK_K, QUANT_A)  # fmt: skip
+        if K_UNROLL == 2:
+            w_next1, x_next1 = _scales(ws_ptrs, xs_ptrs, kt_ahead + 1, stride_bsk, stride_ask, GROUP_K,
+                                       SCALE_BLOCK, BLOCK_K, QUANT_A)  # fmt: skip
         for u in tl.static_range(K_UNROLL):
-            k0 = (kt + u) * BLOCK_K
-            w = tl.load(w_ptrs + u * BLOCK_K)
-            w_s = tl.load(ws_ptrs + (k0 // SCALE_BLOCK) * stride_bsk)
-            x, x_s = _x_tile(x_ptrs + u * BLOCK_K, xs_ptrs, k0, stride_ask, fp8_dtype, GROUP_K, QUANT_A, FP8_MAX,
-                             FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+            if TMA:
+                w = w_ptrs.load([n0, (kt + u) * BLOCK_K])
+                raw = x_ptrs.load([m0, (kt + u) * BLOCK_K]).T
+            else:
+                w = tl.load(w_ptrs + u * BLOCK_K)
+                raw = tl.load(x_ptrs + u * BLOCK_K)
+            w_s = w_s0 if u == 0 else w_s1
+            x, x_s = _x_tile(raw, x_s0 if u == 0 else x_s1, fp8_dtype, QUANT_A, FP8_MAX, FP8_MIN_EXP, FNUZ,
+                             EMULATE_CAST)  # fmt: skip
             if FMA:
                 part = tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
             else:
                 part = tl.dot(w, x)
             acc += part * w_s[:, None] * x_s[None, :]
-        w_ptrs += K_UNROLL * BLOCK_K
-        x_ptrs += K_UNROLL * BLOCK_K
+        if not TMA:
+            w_ptrs += K_UNROLL * BLOCK_K
+            x_ptrs += K_UNROLL * BLOCK_K
     return acc
 
 
@@ -252,6 +319,7 @@ def _small_m_kernel(
     # Groups 1 and 2 (GROUPS > 1): their own weights / scales, N and strides; the output is [M, N + N1 + N2].
     b1_ptr, bs1_ptr, N1, stride_bn1, stride_bsn1, stride_bsk1,
     b2_ptr, bs2_ptr, N2, stride_bn2, stride_bsn2, stride_bsk2,
+    a_desc, b_desc,  # TMA: tensor descriptors of q [M, K] and w_q [N, K] (otherwise a_ptr / b_ptr again, unused)
     GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,  # activation rows (the MMA's N operand: >= 16 unless FMA)
     BLOCK_N: tl.constexpr,  # weight rows (the MMA's M operand)
@@ -263,6 +331,7 @@ def _small_m_kernel(
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait for the previous grid before the loop
     PREFETCH: tl.constexpr,  # PDL: prefetch the first weight tiles into L2 before the wait (16-byte aligned rows)
+    TMA: tl.constexpr,  # operand tiles by the copy engine (GROUPS 1, fp8 input, tensor cores; _k_loop)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -297,9 +366,15 @@ def _small_m_kernel(
                         tl.minimum(kt_end - kt_start, PREFETCH_TILES) * BLOCK_K)  # fmt: skip
         tl.extra.cuda.gdc_wait()  # before the first activation load and any store
 
-    acc = _k_loop(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), w_ptrs, ws_ptrs, x_ptrs, xs_ptrs,
-                  kt_start, kt_end, stride_bsk, stride_ask, b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K,
-                  K_UNROLL, FMA, QUANT_A, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # out^T tile; fmt: skip
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # the out^T tile
+    if TMA:
+        acc = _k_loop(acc, b_desc, ws_ptrs, a_desc, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
+                      b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
+                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, True, pid_n * BLOCK_N, pid_m * BLOCK_M)  # fmt: skip
+    else:
+        acc = _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
+                      b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
+                      FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # after the loop, not at the top (measured: module docstring, 10)
 
@@ -411,6 +486,23 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return buf
 
 
+def _tma_ready(t: torch.Tensor) -> bool:
+    """A TMA descriptor's layout rules: 16-byte aligned base and row stride, contiguous rows."""
+    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def _descriptors(a, groups, cfg: SmallMConfig, block_m: int, block_k: int, quant_a: bool):
+    """The TMA descriptors of the activation and the weight for ``cfg.tma``, or ``(a, weight)`` where the launch
+    cannot take them (a GPU without TMA, several weights, a bf16 input, a layout TMA cannot address): the
+    kernel then loads the same tiles through pointers, with the same result bit for bit."""
+    w = groups[0][0]
+    has_tma = _arch.triton_interpreting() or _arch.arch_of(a.device).tma
+    if not (cfg.tma and has_tma) or quant_a or len(groups) != 1 or not (_tma_ready(a) and _tma_ready(w)):
+        return a, w
+    return (TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k]),
+            TensorDescriptor(w, list(w.shape), list(w.stride()), [cfg.block_n, block_k]))  # fmt: skip
+
+
 MAX_GROUPS = 3  # GEMMs one launch can hold (q / k / v); the kernel has argument slots for three
 
 
@@ -442,6 +534,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
     # kernel's output width is N + N1 + N2).
     slots = [(w, s, w.shape[0], w.stride(0), *s.stride()) for w, s in groups]
     slots += [(slots[0][0], slots[0][1], 0, *slots[0][3:])] * (MAX_GROUPS - len(slots))
+    a_desc, b_desc = _descriptors(a, groups, cfg, block_m, block_k, quant_a)
     pdl = _pdl.pdl_enabled(a.device)
     # cp.async.bulk.prefetch wants 16-byte aligned addresses: every row start and K slab of every weight.
     prefetch = pdl and _pdl.prefetch_enabled() and all(w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0
@@ -450,10 +543,10 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         a, slots[0][0], out, partials, out if counters is None else counters, xs, slots[0][1],
         m, slots[0][2], k,
         a.stride(0), slots[0][3], out.stride(0), *xs_strides, *slots[0][4:],
-        per_split, *slots[1], *slots[2],
+        per_split, *slots[1], *slots[2], a_desc, b_desc,
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
-        PDL=pdl, PREFETCH=prefetch, num_warps=cfg.warps, num_stages=cfg.stages, **_pdl.launch_kwargs(pdl),
+        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages, **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:
         block = 1024

@@ -127,97 +127,106 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 1, 25600, 5120): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
     # 35.4 us = 1.15x roofline; cuBLAS 42.3 us, bf16 68.5 us
     ("sm90", 4, 25600, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False)),
-    # M buckets 16, 64: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s)
-    # by `python benchmarks/gemm.py --ms 1,16,64` (the merged engine shapes and the HF form's separate
-    # q / k / v / gate / up shapes); each comment is the measured time of the chosen config. The in-launch
-    # split-K sum ("last") is allowed since its counters moved out of cudagraph-tree pools (it passes
-    # test_last_program_sum_under_cudagraph_trees on the H200); it was 4-9% faster than the two-launch sum.
-    # 5.6 us = 5.57x roofline; cuBLAS 15.6 us, bf16 8.0 us
-    ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
-    # 6.0 us = 4.78x roofline; cuBLAS 18.3 us, bf16 8.4 us
-    ("sm90", 16, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
-    # 8.7 us = 2.20x roofline; cuBLAS 16.0 us, bf16 12.6 us
-    ("sm90", 16, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
-    # 18.0 us = 1.52x roofline; cuBLAS 24.4 us, bf16 29.4 us
-    ("sm90", 16, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False)),
-    # 19.9 us = 1.44x roofline; cuBLAS 28.0 us, bf16 32.8 us
-    ("sm90", 16, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'last', 1, False)),
-    # 15.4 us = 1.56x roofline; cuBLAS 20.9 us, bf16 26.3 us
-    ("sm90", 16, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
-    # 38.2 us = 1.24x roofline; cuBLAS 46.0 us, bf16 68.0 us
-    ("sm90", 16, 5120, 25600): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
-    # 11.1 us = 1.86x roofline; cuBLAS 16.2 us, bf16 15.8 us
-    ("sm90", 16, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
-    # 15.2 us = 1.53x roofline; cuBLAS 20.2 us, bf16 22.7 us
-    ("sm90", 16, 8192, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
-    # 18.1 us = 1.47x roofline; cuBLAS 20.7 us, bf16 28.3 us
-    ("sm90", 16, 10240, 5120): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False)),
-    # 17.0 us = 1.44x roofline; cuBLAS 21.6 us, bf16 28.2 us
-    ("sm90", 16, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
-    # 19.1 us = 1.38x roofline; cuBLAS 22.3 us, bf16 30.6 us
-    ("sm90", 16, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 2, False)),
-    # 28.2 us = 1.19x roofline; cuBLAS 37.5 us, bf16 50.6 us
-    ("sm90", 16, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False)),
-    # 36.3 us = 1.18x roofline; cuBLAS 43.4 us, bf16 69.6 us
-    ("sm90", 16, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
-    # 32.3 us = 1.17x roofline; cuBLAS 40.5 us, bf16 62.5 us
-    ("sm90", 16, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
-    # 70.1 us = 1.14x roofline; cuBLAS 85.0 us, bf16 135.1 us
-    ("sm90", 16, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'last', 1, False)),
-    # 7.8 us = 7.25x roofline; cuBLAS 15.8 us, bf16 8.1 us
-    ("sm90", 64, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'kernel', 1, False)),
-    # 8.7 us = 6.48x roofline; cuBLAS 18.4 us, bf16 8.6 us
-    ("sm90", 64, 1024, 5120): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'last', 1, False)),
-    # 11.6 us = 2.82x roofline; cuBLAS 16.2 us, bf16 12.1 us
-    ("sm90", 64, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False)),
-    # 24.6 us = 2.03x roofline; cuBLAS 38.6 us, bf16 32.2 us
-    ("sm90", 64, 4096, 12288): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
-    # 27.2 us = 1.93x roofline; cuBLAS 43.5 us, bf16 36.5 us
-    ("sm90", 64, 4096, 14336): Choice("small_m", SmallMConfig(64, 6, 4, 4, 'kernel', 1, False)),
-    # 22.1 us = 2.20x roofline; cuBLAS 27.5 us, bf16 29.0 us
-    ("sm90", 64, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False)),
-    # 50.4 us = 1.61x roofline; cuBLAS 72.5 us, bf16 72.1 us
-    ("sm90", 64, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False)),
-    # 15.1 us = 2.46x roofline; cuBLAS 16.4 us, bf16 16.1 us
-    ("sm90", 64, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 18.4 us = 1.82x roofline; cuBLAS 19.8 us, bf16 24.6 us
-    ("sm90", 64, 8192, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
-    # 20.8 us = 1.64x roofline; cuBLAS 20.8 us, bf16 28.2 us
+    # M buckets 16, 32, 64: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0) by
+    # `python benchmarks/gemm.py --ms 16,32,64 --small-only` (the merged engine shapes and the HF form's separate
+    # q / k / v / gate / up shapes), with the scales loaded a tile ahead and the TMA families (the config's last
+    # field; _small_m_kernels.py ideas 12, 13); each comment is the measured time of the chosen config.
+    # 10.4 us = 1.74x roofline; cuBLAS 15.5 us, bf16 15.3 us
+    ("sm90", 16, 6144, 4096): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
+    # 11.5 us = 1.92x roofline; cuBLAS 16.2 us, bf16 16.1 us
+    ("sm90", 32, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 3, 'last', 1, False, True)),
+    # 14.4 us = 2.35x roofline; cuBLAS 16.5 us, bf16 16.0 us
+    ("sm90", 64, 6144, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 8.4 us = 2.11x roofline; cuBLAS 16.5 us, bf16 12.7 us
+    ("sm90", 16, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, False)),
+    # 9.2 us = 2.29x roofline; cuBLAS 15.9 us, bf16 13.8 us
+    ("sm90", 32, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 6, 'last', 1, False, False)),
+    # 11.0 us = 2.67x roofline; cuBLAS 16.1 us, bf16 12.1 us
+    ("sm90", 64, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False, True)),
+    # 27.1 us = 1.14x roofline; cuBLAS 35.7 us, bf16 50.6 us
+    ("sm90", 16, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 27.7 us = 1.16x roofline; cuBLAS 38.2 us, bf16 51.2 us
+    ("sm90", 32, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 30.0 us = 1.23x roofline; cuBLAS 35.5 us, bf16 52.2 us
+    ("sm90", 64, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 16.8 us = 1.42x roofline; cuBLAS 23.0 us, bf16 29.0 us
+    ("sm90", 16, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
+    # 18.4 us = 1.54x roofline; cuBLAS 37.6 us, bf16 30.0 us
+    ("sm90", 32, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
+    # 20.9 us = 1.73x roofline; cuBLAS 38.0 us, bf16 31.9 us
+    ("sm90", 64, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, True)),
+    # 31.2 us = 1.13x roofline; cuBLAS 37.7 us, bf16 57.5 us
+    ("sm90", 16, 28672, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 32.2 us = 1.15x roofline; cuBLAS 39.6 us, bf16 62.6 us
+    ("sm90", 32, 28672, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 3, 'last', 1, False, True)),
+    # 35.4 us = 1.25x roofline; cuBLAS 38.2 us, bf16 63.2 us
+    ("sm90", 64, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
+    # 19.0 us = 1.38x roofline; cuBLAS 29.1 us, bf16 32.8 us
+    ("sm90", 16, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
+    # 20.7 us = 1.49x roofline; cuBLAS 43.2 us, bf16 33.7 us
+    ("sm90", 32, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
+    # 23.4 us = 1.66x roofline; cuBLAS 43.0 us, bf16 35.0 us
+    ("sm90", 64, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, True)),
+    # 16.8 us = 1.36x roofline; cuBLAS 20.5 us, bf16 28.3 us
+    ("sm90", 16, 10240, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 2, False, False)),
+    # 18.6 us = 1.50x roofline; cuBLAS 20.7 us, bf16 28.8 us
+    ("sm90", 32, 10240, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
+    # 20.7 us = 1.64x roofline; cuBLAS 20.7 us, bf16 28.1 us
     ("sm90", 64, 10240, 5120): Choice("cublas"),
-    # 19.0 us = 1.56x roofline; cuBLAS 19.0 us, bf16 28.5 us
+    # 15.1 us = 1.53x roofline; cuBLAS 21.2 us, bf16 26.3 us
+    ("sm90", 16, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 2, False, False)),
+    # 16.4 us = 1.65x roofline; cuBLAS 27.1 us, bf16 26.8 us
+    ("sm90", 32, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False, True)),
+    # 19.3 us = 1.91x roofline; cuBLAS 27.7 us, bf16 29.0 us
+    ("sm90", 64, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
+    # 67.5 us = 1.09x roofline; cuBLAS 84.5 us, bf16 135.3 us
+    ("sm90", 16, 51200, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 3, 'last', 1, False, True)),
+    # 68.9 us = 1.11x roofline; cuBLAS 77.0 us, bf16 136.4 us
+    ("sm90", 32, 51200, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 77.1 us = 1.23x roofline; cuBLAS 78.9 us, bf16 135.2 us
+    ("sm90", 64, 51200, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
+    # 35.8 us = 1.16x roofline; cuBLAS 46.7 us, bf16 68.0 us
+    ("sm90", 16, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 2, False, False)),
+    # 38.2 us = 1.24x roofline; cuBLAS 72.2 us, bf16 69.6 us
+    ("sm90", 32, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False, True)),
+    # 43.5 us = 1.39x roofline; cuBLAS 72.6 us, bf16 72.0 us
+    ("sm90", 64, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
+    # 5.6 us = 5.63x roofline; cuBLAS 15.8 us, bf16 7.9 us
+    ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 6, 'last', 1, False, False)),
+    # 6.2 us = 6.07x roofline; cuBLAS 15.6 us, bf16 8.2 us
+    ("sm90", 32, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'last', 1, False, False)),
+    # 7.9 us = 7.37x roofline; cuBLAS 15.8 us, bf16 8.4 us
+    ("sm90", 64, 1024, 4096): Choice("small_m", SmallMConfig(32, 4, 4, 4, 'last', 1, False, False)),
+    # 15.4 us = 1.29x roofline; cuBLAS 21.4 us, bf16 28.1 us
+    ("sm90", 16, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
+    # 16.0 us = 1.33x roofline; cuBLAS 21.8 us, bf16 28.7 us
+    ("sm90", 32, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
+    # 19.6 us = 1.61x roofline; cuBLAS 19.6 us, bf16 28.9 us
     ("sm90", 64, 12288, 4096): Choice("cublas"),
-    # 22.4 us = 1.57x roofline; cuBLAS 22.4 us, bf16 33.5 us
-    ("sm90", 64, 14336, 4096): Choice("cublas"),
-    # 32.4 us = 1.33x roofline; cuBLAS 35.7 us, bf16 52.0 us
-    ("sm90", 64, 24576, 4096): Choice("tiled", TiledConfig(64, 64, 8, 4, 3)),
-    # 40.7 us = 1.29x roofline; cuBLAS 42.1 us, bf16 70.5 us
-    ("sm90", 64, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
-    # 36.2 us = 1.27x roofline; cuBLAS 38.9 us, bf16 63.6 us
-    ("sm90", 64, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
-    # 79.1 us = 1.26x roofline; cuBLAS 79.1 us, bf16 136.8 us
-    ("sm90", 64, 51200, 5120): Choice("cublas"),
-    # M bucket 32: measured 2026-11-29 (same GPU and versions, `--ms 1,4,16,32,64`), when "last" was pinned to
-    # "kernel"; not re-measured.
-    # 9.3 us = 2.29x roofline; cuBLAS 16.0 us, bf16 13.5 us
-    ("sm90", 32, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 6, 'kernel', 1, False)),
-    # 18.8 us = 1.57x roofline; cuBLAS 38.0 us, bf16 29.4 us
-    ("sm90", 32, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 21.2 us = 1.52x roofline; cuBLAS 43.0 us, bf16 33.0 us
-    ("sm90", 32, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 16.6 us = 1.66x roofline; cuBLAS 27.5 us, bf16 26.8 us
-    ("sm90", 32, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'kernel', 1, False)),
-    # 38.8 us = 1.25x roofline; cuBLAS 72.5 us, bf16 68.2 us
-    ("sm90", 32, 5120, 25600): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 12.3 us = 2.03x roofline; cuBLAS 16.2 us, bf16 15.9 us
-    ("sm90", 32, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'kernel', 1, False)),
-    # 19.1 us = 1.53x roofline; cuBLAS 20.7 us, bf16 28.4 us
-    ("sm90", 32, 10240, 5120): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'kernel', 1, False)),
-    # 28.5 us = 1.18x roofline; cuBLAS 40.1 us, bf16 49.4 us
-    ("sm90", 32, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'kernel', 1, False)),
-    # 32.4 us = 1.15x roofline; cuBLAS 37.8 us, bf16 57.2 us
-    ("sm90", 32, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'kernel', 1, False)),
-    # 68.2 us = 1.09x roofline; cuBLAS 85.0 us, bf16 132.2 us
-    ("sm90", 32, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'kernel', 1, False)),
+    # 17.8 us = 1.29x roofline; cuBLAS 22.8 us, bf16 30.6 us
+    ("sm90", 16, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
+    # 18.4 us = 1.32x roofline; cuBLAS 22.8 us, bf16 31.4 us
+    ("sm90", 32, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
+    # 21.3 us = 1.50x roofline; cuBLAS 22.8 us, bf16 33.7 us
+    ("sm90", 64, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 14.6 us = 1.48x roofline; cuBLAS 19.7 us, bf16 22.6 us
+    ("sm90", 16, 8192, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, False)),
+    # 15.5 us = 1.55x roofline; cuBLAS 19.7 us, bf16 23.0 us
+    ("sm90", 32, 8192, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
+    # 17.7 us = 1.74x roofline; cuBLAS 20.2 us, bf16 24.7 us
+    ("sm90", 64, 8192, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 2, False, False)),
+    # 6.2 us = 4.92x roofline; cuBLAS 18.5 us, bf16 8.4 us
+    ("sm90", 16, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False, False)),
+    # 6.6 us = 5.15x roofline; cuBLAS 18.3 us, bf16 8.5 us
+    ("sm90", 32, 1024, 5120): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'last', 1, False, False)),
+    # 8.6 us = 6.44x roofline; cuBLAS 18.5 us, bf16 8.8 us
+    ("sm90", 64, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False, False)),
+    # 34.5 us = 1.12x roofline; cuBLAS 43.9 us, bf16 69.9 us
+    ("sm90", 16, 25600, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # 36.2 us = 1.16x roofline; cuBLAS 44.0 us, bf16 68.8 us
+    ("sm90", 32, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
+    # 38.5 us = 1.22x roofline; cuBLAS 42.6 us, bf16 70.7 us
+    ("sm90", 64, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
 }
 # (arch name, M bucket, N, K) -> the fastest small-M config where TABLE names another path (the GEMV): what the
 # grouped launch (``blockscale_mm_grouped``, a small-M kernel) runs for that merged shape. From the same
