@@ -22,8 +22,8 @@ def test_gemm_config_is_the_tables_small_m_row():
         # M = 1: TABLE names the GEMV, so the small-M config measured beside it
         assert bm.TABLE[("sm90", 1, 6144, 4096)].path == "gemv"
         assert pdl.gemm_config(a, 1, 6144, 4096) == bm.SMALL_M_BEST[("sm90", 1, 6144, 4096)]
-        assert bm.TABLE[("sm90", 64, 24576, 4096)].path == "tiled"  # no small-M row: the kernel's default
-        assert pdl.gemm_config(a, 64, 24576, 4096) == pdl.default_small_m_config(24576, 4096, a=a)
+        assert bm.TABLE[("sm90", 64, 10240, 5120)].path == "cublas"  # no small-M row: the kernel's default
+        assert pdl.gemm_config(a, 64, 10240, 5120) == pdl.default_small_m_config(10240, 5120, a=a)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the dry run needs the Triton interpreter")
