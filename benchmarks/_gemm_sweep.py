@@ -26,7 +26,7 @@ FAMILIES = [
     (64, 4, 6, 1, False, False),  # idea 3: deeper pipeline
     (128, 8, 4, 1, False, False),  # idea 3: 8 warps
     (256, 8, 3, 1, False, False),  # idea 4: a quarter of the activation re-reads
-    (256, 4, 4, 1, False, False),  # idea 11: the 256-row tile at any M (the best gate_up tile of the silu-quant epilogue)
+    (256, 4, 4, 1, False, False),  # idea 11: the 256-row tile at any M (the silu-quant epilogue's best gate_up tile)
     (16, 4, 3, 1, True, False),  # idea 5: GEMV (M <= 4)
     (32, 4, 3, 1, True, False),
     (64, 4, 3, 1, True, False),

@@ -100,7 +100,7 @@ Still off the weight-bytes roofline where that roofline is a few microseconds (q
 0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes
 2.9 / 6.1 / 8.2 us there, 1.4-3.1x its roofline. At M = 1 the GEMV (``_gemv_kernels.py``) is 1-14% faster, within
 0.94-1.16x of that read for all but the 4 MB k|v, and took those TABLE rows. At M = 64, with TMA, this kernel is
-1.23-1.64x the read on qkv, o, down and q_proj (was 1.42-1.75x): the room left at decode sizes. ncu's picture
+1.35-1.64x the read on qkv, o, down and q_proj (was 1.42-1.75x): the room left at decode sizes. ncu's picture
 there (12 warps per SM, latency-bound at 40% of DRAM bandwidth) points at occupancy: fewer registers per thread
 or a warp-specialized loader, neither of which Triton 3.6 exposes for this loop.
 """
@@ -546,7 +546,8 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         per_split, *slots[1], *slots[2], a_desc, b_desc,
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
-        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages, **_pdl.launch_kwargs(pdl),
+        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages,
+        **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:
         block = 1024
