@@ -87,14 +87,15 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
     L1TEX loads whose sectors were 4 of 32 bytes used: the weight / activation scale loads, which Triton does not
     pipeline (in the TTGIR they sat after the stage's wait, on every iteration's critical path). Loading them one
     iteration ahead puts them before the wait; predicted a large part of those stalls. Measured (same configs,
-    the old and new kernel in one run, 64 points): 0.96-0.99x at M = 4-32, 0.99-1.04x at M = 64; bit-identical.
-    So the stalls were mostly overlapped with the MMA wait already; kept, as it never lost by more than noise.
+    the old and new kernel in one run, 64 points, a one-off script): 0.96-0.99x at M = 4-32, 0.99-1.04x at
+    M = 64; bit-identical. So the stalls were mostly overlapped with the MMA wait already; kept, as it never lost
+    by more than noise.
 13. TMA tiles (``tma``): no per-thread address arithmetic or ``cp.async`` per 16 bytes, the copy engine fills the
-    stage and signals an mbarrier. First measured as a prototype at the best of a sweep against the TABLE
-    config: 0.85-0.97x at M = 64 (down 4096 x 12288 26.0 -> 22.3 us), 0.95-1.0x at M = 16. In the sweep of
-    ``benchmarks/gemm.py`` ("tma" idea: best TMA config over best pointer config): 0.83-0.96x at M = 64, 0.89-1.02x
-    at M = 16 / 32, and 1.00-1.10x on the 1024-row k|v weights, which keep pointer loads. It took
-    33 of the 48 TABLE rows at M = 16-64 (cuBLAS kept 2).
+    stage and signals an mbarrier. First measured as a prototype (an uncommitted script) at the best of a sweep
+    against the TABLE config: 0.85-0.97x at M = 64 (down 4096 x 12288 26.0 -> 22.3 us), 0.95-1.0x at M = 16. In
+    the sweep of ``benchmarks/gemm.py`` ("tma" idea: best TMA config over best pointer config): 0.83-0.96x at
+    M = 64, 0.89-1.02x at M = 16 / 32, and 1.00-1.10x on the 1024-row k|v weights, which keep pointer loads. It
+    took 33 of the 48 TABLE rows at M = 16-64 (cuBLAS kept 2).
 Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.7-2.7x, the 4 MB k|v
 5-7x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
 0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes
