@@ -5,7 +5,7 @@ Compile-time families (block_n, warps, stages, k_unroll, fma, tma) x split-K (a 
 each family gets the splits that give about 132, 264, 396 and 528 programs (1 to 4 per SM of an H200; a
 persistent grid would be the same thing), every split summed in the same launch ("last"). The two-launch sum
 ("kernel") is timed at the default config and at the best config, so idea 1 is measured at both.
-Compiles: 15 MMA families (7 of them TMA) x 3 row classes (16, 32, 64) and 3 GEMV families x 2 (1, 4), two modes
+Compiles: 16 MMA families (7 of them TMA) x 3 row classes (16, 32, 64) and 3 GEMV families x 2 (1, 4), two modes
 each at most.
 """
 

@@ -15,12 +15,12 @@ M = 1: 8.19 against 8.93 us, ``benchmarks/quant_gemm.py --sweep``), elsewhere th
 own (8 rows per program, the activation quantized half as often as at the GEMM's 4), so its sums may be
 ordered differently from the unfused GEMM's: not bit-exact, off in deterministic mode.
 
-Runs after ``gemm_silu_quant``, on the quants left. Guards: the switch and deterministic mode; the quant's q and scale feed only
-``blockscale_mm`` as its (q, x_scale), directly (``consumer_not_blockscale_mm``: no reshape between, as
-``BlockFP8Linear`` writes it, so the input is [M, K]); a bf16 input; groups of 128 and the fused op on the GEMM's backend
-(``no_fused_kernel``: not aiter); a static M of at most 4 rows (``m_above_gemv``) with a measured win at that M
-and shape (``unfused_pair_faster``). A symbolic M is fused: the op picks per call. A quant feeding several GEMMs
-gives each its own fused op (each GEMV re-reads the few-KB activation anyway).
+Runs after ``gemm_silu_quant``, on the quants left. Guards: the switch and deterministic mode; the quant's q and
+scale feed only ``blockscale_mm`` as its (q, x_scale), directly (``consumer_not_blockscale_mm``: no reshape
+between, as ``BlockFP8Linear`` writes it, so the input is [M, K]); a bf16 input; groups of 128 and the fused op on
+the GEMM's backend (``no_fused_kernel``: not aiter); a static M of at most 4 rows (``m_above_gemv``) with a
+measured win at that M and shape (``unfused_pair_faster``). A symbolic M is fused: the op picks per call. A quant
+feeding several GEMMs gives each its own fused op (each GEMV re-reads the few-KB activation anyway).
 """
 
 from __future__ import annotations
