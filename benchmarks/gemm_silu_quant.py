@@ -8,7 +8,7 @@ For the merged gate_up shapes of Qwen3-8B, Llama-3.1-8B and Qwen3-32B (I x K) at
 - "unfused": ``blockscale_mm`` (its TABLE choice for the merged [2I, K] shape) then ``silu_mul_group_quant``,
   what the graph runs without ``gemm_silu_quant``;
 - "fused": ``small_m_mm_silu_quant`` over a sweep of configs (128, 64 or 32 output columns per program; warps,
-  stages and split-K at ~66-396 programs) and, at M <= 4, ``gemv_silu_quant`` (the GEMV with the same epilogue,
+  stages, pointer or TMA tiles, and split-K at ~66-396 programs) and, at M <= 4, ``gemv_silu_quant`` (the GEMV with the same epilogue,
   ``GEMV_FAMILIES``), each first checked against the reference (the dequantized outputs within ``CHECK_REL_ERR``)
   and, with a split-K or group ticket, for bitwise repeatability (RACY otherwise): never chosen if it fails;
 - the roofline: weight + scale bytes, the activation, and the fp8 output with its scales, over the copy bandwidth.
@@ -48,9 +48,13 @@ from fp8_fusion_pass.kernels.triton.silu_mul_group_quant import silu_mul_group_q
 
 # (name, I, K): gate_up [2I, K] of each model at TP1 (the engine form's merged weight).
 SHAPES = [("qwen3-8b gate_up", 12288, 4096), ("llama3.1-8b gate_up", 14336, 4096), ("qwen3-32b gate_up", 25600, 5120)]
-# (block_n, warps, stages). block_n 64 / 32: a quant group over 2 / 4 programs, the plain GEMM's 128- / 64-row
-# weight tile instead of 256 rows (GROUP_TILES in _small_m_silu_kernels.py; not yet measured on the H200).
-FAMILIES = [(128, 4, 3), (128, 8, 3), (128, 8, 4), (128, 8, 2), (128, 4, 4), (64, 4, 4), (64, 4, 3), (32, 4, 4)]
+# (block_n, warps, stages, tma). block_n 64 / 32: a quant group over 2 / 4 programs, the plain GEMM's 128- / 64-row
+# weight tile instead of 256 rows (GROUP_TILES in _small_m_silu_kernels.py). tma: a gate and an up tile by the
+# copy engine per K step (_k_loop_pair; block_n >= 64, where each MMA is a wgmma as the pair's GEMM is).
+FAMILIES = [(128, 4, 3, False), (128, 8, 3, False), (128, 8, 4, False), (128, 8, 2, False), (128, 4, 4, False),
+            (64, 4, 4, False), (64, 4, 3, False), (32, 4, 4, False),
+            (128, 4, 3, True), (128, 4, 4, True), (128, 8, 3, True), (128, 8, 4, True), (64, 4, 4, True),
+            (64, 4, 3, True)]  # fmt: skip
 PROGRAM_TARGETS = (66, 132, 264, 396)
 # The GEMV with the epilogue (_gemv_silu_kernels.py), M <= GEMV_MAX_M: (rows, k_chunk, warps, stages), around the
 # GEMV's own TABLE configs at M = 1 (rows 8, k_chunk 512 / 1024, 1 or 3 stages). Each program reads 2 x rows rows.
@@ -71,10 +75,10 @@ def log(msg: str) -> None:
 def candidates(i: int, k: int, families=FAMILIES) -> list[SmallMConfig]:
     k_tiles = k // 128
     out = []
-    for block_n, warps, stages in families:
+    for block_n, warps, stages, tma in families:
         n_tiles = math.ceil(i / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), 1)[0] for t in PROGRAM_TARGETS}
-        out += [SmallMConfig(block_n, s, warps, stages, "last") for s in sorted(splits)]
+        out += [SmallMConfig(block_n, s, warps, stages, "last", tma=tma) for s in sorted(splits)]
     return list(dict.fromkeys(out))
 
 
@@ -173,7 +177,8 @@ def main(argv=None) -> int:
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     if args.dry_run:
-        shapes, ms, families, gemv_families = [("tiny", 256, 512)], [1, 17], [(128, 4, 2), (64, 4, 2)], [(4, 256, 4, 1)]
+        shapes, ms, gemv_families = [("tiny", 256, 512)], [1, 17], [(4, 256, 4, 1)]
+        families = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)]
     bw = copy_bandwidth(args.dry_run)
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
     log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")

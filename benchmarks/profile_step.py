@@ -68,7 +68,7 @@ def profile(graph, steps: int) -> tuple[dict, int]:
     return {k: (v[0], v[1]) for k, v in per.items()}, seen
 
 
-def report(label: str, wall_ms: float, kernels: dict) -> dict:
+def report(label: str, wall_ms: float, kernels: dict, top_n: int = 12) -> dict:
     cats: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     for name, (us, n) in kernels.items():
         c = cats[category(name)]
@@ -80,7 +80,7 @@ def report(label: str, wall_ms: float, kernels: dict) -> dict:
           f"{launches:.0f} launches/step, gaps {wall_ms * 1e3 - device_us:.1f} us")
     for cat, (us, n) in sorted(cats.items(), key=lambda kv: -kv[1][0]):
         print(f"  {cat:<20} {us:9.1f} us  {n:6.0f} launches")
-    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:12]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top_n]
     for name, (us, n) in top:
         print(f"    {us:8.1f} us {n:5.0f}x  {name[:110]}")
     return {c: v[0] for c, v in cats.items()} | {"wall": wall_ms * 1e3, "device": device_us, "launches": launches}
@@ -98,6 +98,7 @@ def main(argv=None) -> int:
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--variants", default="block,block+pass,bf16")
     p.add_argument("--without", default="", help="as decode.py --without")
+    p.add_argument("--top", type=int, default=12, help="kernels listed per step, the longest first")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
     decode.PASS_CONFIG = decode.pass_config(args.without)
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
                 wall_ms = time_replays(graph, 20)
                 kernels, seen = profile(graph, args.steps)
                 label = f"{args.preset} x{args.layers} layers, {form}, {variant}, batch {batch}"
-                row = report(label, wall_ms, kernels) if seen else {"wall": wall_ms * 1e3}
+                row = report(label, wall_ms, kernels, args.top) if seen else {"wall": wall_ms * 1e3}
                 summary.append((form, variant, batch, row))
                 del runner, graph
             del model

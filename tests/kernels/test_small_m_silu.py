@@ -9,6 +9,8 @@ range, no ticket counters) and its input errors. Small I and K: the interpreter 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from gemm_helpers import make_inputs
@@ -78,6 +80,47 @@ def test_fused_launch_is_the_unfused_pair_bit_for_bit(m, i, k, group, config, ac
     want = _reference(q, xs, [wg, wu], [sg, su], group)
     d = (ref.dequant_activation(*fused) - ref.dequant_activation(*want)).norm() / ref.dequant_activation(*want).norm()
     assert d < 2e-2, f"rel err vs reference {d:.3g}"
+
+
+@pytest.mark.parametrize(
+    "m, i, k, group, act_group, config",
+    [
+        (3, 256, 512, 128, 128, SmallMConfig(128, 1, 4, 2, "last", tma=True)),  # MODE 0; rows past M read as zeros
+        (3, 384, 512, 128, 64, SmallMConfig(128, 2, 4, 2, "last", tma=True)),  # split-K: two halves' partials
+        (17, 320, 384, 64, 128, SmallMConfig(128, 3, 4, 2, "last", tma=True)),  # 2.5 column tiles: rows past I
+        (65, 256, 256, 128, 128, SmallMConfig(64, 2, 4, 2, "last", tma=True)),  # a group over 2 programs, 2 row tiles
+    ],
+)  # fmt: skip
+def test_tma_gate_and_up_tiles_equal_the_pointer_tile_bitwise(m, i, k, group, act_group, config):
+    # Two descriptor tiles and two MMAs per K step against one [2 * block_n, K] pointer tile: the same products in
+    # the same order per output, so not a bit may change. The merged weight's halves are read in place.
+    q, xs, wg, sg, wu, su = _gate_up(m, i, k, group=act_group)
+    w = torch.cat([wg, wu])
+    halves = (w[:i], sg, w[i:], su)
+    block_k = 128 if act_group == 128 else 64
+    descs = sms._descriptors(q, halves[0], halves[2], config, smk.small_m_block_m(m), block_k)
+    assert all(d is not t for d, t in zip(descs, (q, halves[0], halves[2]))), "the TMA path is the one under test"
+    fused = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, group, config)
+    plain = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, group, dataclasses.replace(config, tma=False))
+    _assert_equal(fused, plain, f"M={m} I={i} K={k} g={group} {config}")
+    assert not smk.tile_counters(q.device, 1).any()
+    assert _rel_err(fused, _reference(q, xs, [wg, wu], [sg, su], group)) < 2e-2
+
+
+def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
+    # A base off 16 bytes, or a GPU without TMA: the pointer tile runs, with the same result.
+    q, xs, wg, sg, wu, su = _gate_up(5, 256, 512)
+    cfg = SmallMConfig(128, 2, 4, 2, "last", tma=True)
+    shifted = torch.empty(256 * 512 + 16, dtype=wu.dtype)[1 : 1 + 256 * 512].view(256, 512)
+    shifted.copy_(wu)
+    assert sms._descriptors(q, wg, shifted, cfg, 16, 128)[0] is q
+    monkeypatch.setattr(arch, "triton_interpreting", lambda: False)
+    for name, has_tma in (("sm89", False), ("gfx942", False), ("sm90", True)):
+        with arch.simulate_arch(name):
+            assert (sms._descriptors(q, wg, wu, cfg, 16, 128)[0] is not q) == has_tma, name
+    monkeypatch.undo()
+    want = sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, dataclasses.replace(cfg, tma=False))
+    _assert_equal(sms.small_m_mm_silu_quant(q, xs, wg, sg, shifted, su, BF16, 128, cfg), want, "unaligned up")
 
 
 def _pin(monkeypatch, m, i, k, config):
@@ -204,7 +247,8 @@ def test_bad_inputs_raise_clear_errors(weights, group, error, match):
 def test_kernel_refuses_configs_it_cannot_run():
     q, xs, wg, sg, wu, su = _gate_up(2, 128, 256)
     for config, match in [(SmallMConfig(8, 1, 4, 2, "last"), "at least 16"),
-                          (SmallMConfig(128, 2, 4, 2, "kernel"), "in-launch sum")]:
+                          (SmallMConfig(128, 2, 4, 2, "kernel"), "in-launch sum"),
+                          (SmallMConfig(128, 2, 4, 2, "last", k_unroll=2, tma=True), "k_unroll 1")]:
         with pytest.raises(ValueError, match=match):
             sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config)
 

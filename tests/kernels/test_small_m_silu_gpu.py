@@ -30,7 +30,10 @@ SHAPES = [(12288, 4096), (14336, 4096), (25600, 5120)]  # (I, K): Qwen3-8B, Llam
 CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(128, 2, 4, 4, "last"),
            # a quant group over 2 / 4 programs (GROUP_TILES), alone and after a split-K ticket (the 20 repeats
            # below are its race check)
-           SmallMConfig(64, 1, 4, 4, "last"), SmallMConfig(64, 2, 4, 4, "last"), SmallMConfig(32, 1, 4, 4, "last")]
+           SmallMConfig(64, 1, 4, 4, "last"), SmallMConfig(64, 2, 4, 4, "last"), SmallMConfig(32, 1, 4, 4, "last"),
+           # TMA: a gate and an up tile per K step (block_n >= 64: each MMA a wgmma, as the pair's)
+           SmallMConfig(128, 1, 8, 3, "last", tma=True), SmallMConfig(128, 3, 4, 4, "last", tma=True),
+           SmallMConfig(64, 2, 4, 4, "last", tma=True)]
 # the GEMV with the epilogue (M <= 4): a group over 32 / 16 / 8 programs
 GEMV_CONFIGS = [GemvConfig(4, 1024, 4, 1), GemvConfig(8, 512, 4, 1), GemvConfig(16, 1024, 4, 3)]
 
@@ -66,6 +69,18 @@ def test_fused_equals_unfused_pair_and_reference(m, i, k, config):
                for a in again)  # fmt: skip
 
 
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.tma], ids=str)
+@pytest.mark.parametrize("i, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 5, 16, 40, 64])
+def test_tma_tiles_equal_the_pointer_tile_bitwise_on_gpu(m, i, k, config):
+    # two descriptor tiles and two MMAs per K step against the pointer path's one [2 * block_n, K] tile
+    q, xs, _, _, halves = _inputs(m, i, k)
+    assert sms._descriptors(q, halves[0], halves[2], config, 16, 128)[0] is not q  # the TMA path runs
+    fused = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)
+    plain = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, dataclasses.replace(config, tma=False))
+    assert torch.equal(fused[1], plain[1]) and torch.equal(fused[0].view(torch.uint8), plain[0].view(torch.uint8))
+
+
 @pytest.mark.parametrize("config", GEMV_CONFIGS, ids=str)
 @pytest.mark.parametrize("i, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 4])
@@ -85,7 +100,8 @@ def test_fused_gemv_equals_unfused_pair_and_reference(m, i, k, config):
 
 
 @pytest.mark.parametrize("config", [SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(64, 2, 4, 4, "last"),
-                                    GemvConfig(8, 512, 4, 1)], ids=str)  # fmt: skip
+                                    SmallMConfig(64, 2, 4, 4, "last", tma=True), GemvConfig(8, 512, 4, 1)],
+                         ids=str)  # fmt: skip
 def test_in_cuda_graph_replays(config):
     m, i, k = (1 if isinstance(config, GemvConfig) else 4), 14336, 4096
     q, xs, _, _, halves = _inputs(m, i, k)

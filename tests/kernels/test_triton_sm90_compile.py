@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(
         if consts.get("PDL"):
             pdl[fn.__name__ + " " + str(sorted(consts.items()))] = pdl_facts(k.asm["ptx"])
         if consts.get("TMA"):  # the tiles come by the copy engine, not by per-thread loads of the same bytes
-            pdl["TMA copies"] = k.asm["ptx"].count("cp.async.bulk.tensor")
+            pdl["TMA copies " + fn.__name__] = k.asm["ptx"].count("cp.async.bulk.tensor")
         full = []  # layout conversions of 3-D tiles with a real column axis: [BLOCK_M, GPC, G > 1]
         for line in k.asm["ttgir"].splitlines():
             m = re.search(r"ttg.convert_layout %\S+ : tensor<([0-9x]+)x[a-z]", line)
@@ -132,14 +132,24 @@ SCRIPT = textwrap.dedent(
             "p_ptr": "*fp32", "y_ptr": "*fp32", "cnt_ptr": "*i32", "as_ptr": "*fp32", "bgs_ptr": "*fp32",
             "bus_ptr": "*fp32",
             **{n: "i32" for n in ("M", "I", "K", "stride_am", "stride_bn", "stride_asm", "stride_ask", "stride_bsn",
-                                  "stride_bsk", "k_tiles_per_split")}}
+                                  "stride_bsk", "k_tiles_per_split")},
+            "a_desc": "*fp8e4nv", "bg_desc": "*fp8e4nv", "bu_desc": "*fp8e4nv"}
     # block_n 64 / 32: a quant group over 2 / 4 programs (GROUP_TILES), alone and after the split-K ticket
     for mode, block_m, pdl_on, block_n in [(0, 16, False, 128), (2, 16, False, 128), (2, 64, True, 128),
                                            (0, 16, False, 64), (2, 64, False, 32)]:
         c = dict(GROUP_K=128, SCALE_BLOCK=128, OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=128 // block_n,
-                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=pdl_on)
+                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=pdl_on,
+                 TMA=False)
         out[f"small_m_silu{' PDL' if pdl_on else ''} mode={mode} block_m={block_m} block_n={block_n}"] = build(
             sms._small_m_silu_quant_kernel, SILU, c, 8 if block_n == 128 else 4)
+    # and with the gate, up and activation tiles by TMA: one program's sum, and the last split's over 2 programs
+    for mode, block_m, block_n in [(0, 16, 128), (2, 64, 64)]:
+        w_desc = f"tensordesc<fp8e4nv[{block_n}, 128]>"
+        sig = dict(SILU, a_desc=f"tensordesc<fp8e4nv[{block_m}, 128]>", bg_desc=w_desc, bu_desc=w_desc)
+        c = dict(GROUP_K=128, SCALE_BLOCK=128, OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=128 // block_n,
+                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=False, TMA=True)
+        out[f"small_m_silu TMA mode={mode} block_m={block_m} block_n={block_n}"] = build(
+            sms._small_m_silu_quant_kernel, sig, c, 4)
     # the GEMV (M <= 4): one row and four rows of activations
     from fp8_fusion_pass.kernels.triton import _gemv_kernels as gv
     GEMV = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "as_ptr": "*fp32", "bs_ptr": "*fp32",
@@ -193,8 +203,10 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
-    assert pdl.pop("TMA copies") >= 2, "the TMA small-M GEMM must load both operand tiles with cp.async.bulk.tensor"
-    assert len(result) == 35, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
+    # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
+    assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
+    assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
+    assert len(result) == 37, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -20,6 +20,13 @@ the 8B shapes, what the saved launch saves; with ``BLOCK_N`` 64 / 32 the fused l
 there (0.98-1.00x at M = 4-32): the group's fp32 store, ticket and reload cost about what the tile saved. On
 Qwen3-32B block_n 64 won at M = 4 / 16 (0.95x), the TABLE's rows.
 
+TMA (``SmallMConfig.tma``, sm90+): a descriptor addresses one weight, so the gate and the up rows come as two
+``[BLOCK_N, BLOCK_K]`` tiles and two MMAs per K step on one activation tile (``_k_loop_pair``), bit for bit the
+pointer path's single tile. Measured (``benchmarks/gemm_silu_quant.py --ms 4,16,32,64``, H200): the best fused
+config at Llama-3.1-8B M = 4-64 and Qwen3-32B M = 16 / 64, 1-3 us faster than the pointer tile at M = 64; on
+Qwen3-8B at M = 64 it still lost to the pair (35.0 against 32.0 us: block_n 64 is 192 programs of 128 weight rows,
+where the pair's GEMM runs 384 programs of 64).
+
 Numerics: the GEMM part sums the same products as ``_small_m_kernel`` at the same config (split, K tiles), and
 the epilogue is ``silu_mul_group_quant``'s, so against the unfused pair at the same GEMM config the only
 difference is the rounding of the GEMM output, done here in registers (``round_to``) instead of by a store; on the
@@ -36,6 +43,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import arch as _arch
 from . import _pdl
@@ -46,7 +54,9 @@ from ._small_m_kernels import (
     _k_loop,
     _last_arrival,
     _last_split,
+    _scales,
     _sum_partials,
+    _tma_ready,
     small_m_block_m,
     split_plan,
     tile_counters,
@@ -55,12 +65,9 @@ from .silu_and_mul import _silu
 
 
 @triton.jit
-def _silu_mul_tile(acc, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                   EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
-    """``acc [2 * BLOCK_N, BLOCK_M]`` (gate^T rows on top of up^T rows, fp32 sums) -> ``silu_and_mul``'s output
-    ``[BLOCK_N, BLOCK_M]``: each value rounded to the out dtype as the unfused pair rounds it, held in fp32."""
-    gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
-    return _silu_mul(gate, up, OUT_DTYPE, EMULATE_CAST, PTX)
+def _halves(acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``acc [2 * BLOCK_N, BLOCK_M]`` (gate^T rows on top of up^T rows) -> its gate and up halves."""
+    return tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
 
 
 @triton.jit
@@ -95,14 +102,15 @@ def _quant_store(y, q_ptr, s_ptr, n0, offs_m, M, I, G: tl.constexpr, BLOCK_N: tl
 
 
 @triton.jit
-def _epilogue(acc, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE: tl.constexpr,
+def _epilogue(gate, up, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE: tl.constexpr,
               G: tl.constexpr, GROUP_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
               FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
               PTX: tl.constexpr):  # fmt: skip
-    """The tile's whole sum -> silu_and_mul -> the quant of its groups. With ``GROUP_TILES`` > 1 a quant group
-    spans that many programs' columns: each stores its silu_and_mul values to ``y_ptr`` ([M, I] fp32) and takes a
-    ticket on its group's counter (after the split-K counters); the last to arrive quantizes the whole group."""
-    y = _silu_mul_tile(acc, OUT_DTYPE, BLOCK_N, BLOCK_M, EMULATE_CAST, PTX)
+    """The tile's whole gate and up sums (``[BLOCK_N, BLOCK_M]`` each) -> silu_and_mul -> the quant of its groups.
+    With ``GROUP_TILES`` > 1 a quant group spans that many programs' columns: each stores its silu_and_mul values
+    to ``y_ptr`` ([M, I] fp32) and takes a ticket on its group's counter (after the split-K counters); the last to
+    arrive quantizes the whole group."""
+    y = _silu_mul(gate, up, OUT_DTYPE, EMULATE_CAST, PTX)
     if GROUP_TILES == 1:
         _quant_store(y, q_ptr, s_ptr, pid_n * BLOCK_N, offs_m, M, I, G, BLOCK_N, BLOCK_M, FP8_MAX, FP8_MIN_EXP,
                      FNUZ, EMULATE_CAST, PTX)  # fmt: skip
@@ -122,6 +130,31 @@ def _epilogue(acc, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT
             tl.store(cnt_ptr + counter, 0)  # ready for the next launch
 
 
+@triton.jit
+def _k_loop_pair(g_desc, u_desc, gs_ptrs, us_ptrs, x_desc, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, n0, m0,
+                 GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    """``_k_loop`` with TMA tiles for the gate rows and the up rows at once: ``(gate, up)``, each ``[BLOCK_N,
+    BLOCK_M]`` fp32. A descriptor loads one weight's rows, so the pointer path's single ``[2 * BLOCK_N, BLOCK_K]``
+    tile (gate rows on top of up rows) becomes two tiles and two MMAs per K step on one activation tile: the same
+    products summed in the same order per output, the same promotion (``(dot * w_s) * x_s``), scales a tile ahead.
+    Rows past ``I`` read as zeros (their outputs are masked)."""
+    g_next, x_next = _scales(gs_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, False)
+    u_next, _ = _scales(us_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, True)
+    gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(kt_start, kt_end):
+        g_s, u_s, x_s = g_next, u_next, x_next
+        ahead = tl.minimum(kt + 1, kt_end - 1)  # the last iteration re-loads its own scales (in range)
+        g_next, x_next = _scales(gs_ptrs, xs_ptrs, ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K,
+                                 False)  # fmt: skip
+        u_next, _ = _scales(us_ptrs, xs_ptrs, ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, True)
+        x = x_desc.load([m0, kt * BLOCK_K]).T
+        gate += tl.dot(g_desc.load([n0, kt * BLOCK_K]), x) * g_s[:, None] * x_s[None, :]
+        up += tl.dot(u_desc.load([n0, kt * BLOCK_K]), x) * u_s[:, None] * x_s[None, :]
+    return gate, up
+
+
 # M and the split's K range vary per call (as in _small_m_kernel): no divisibility specialization for them.
 @triton.jit(do_not_specialize=["M", "k_tiles_per_split"])
 def _small_m_silu_quant_kernel(
@@ -133,6 +166,7 @@ def _small_m_silu_quant_kernel(
     cnt_ptr,  # int32 ticket counters, [tiles] then [groups] (GROUP_TILES > 1), zero before and after the launch
     as_ptr,  # activation scales, element (m, k // GROUP_K) at m * stride_asm + (k // GROUP_K) * stride_ask
     bgs_ptr, bus_ptr,  # gate / up weight scales, element (n // 128, k // 128), strides stride_bsn, stride_bsk
+    a_desc, bg_desc, bu_desc,  # TMA: descriptors of q [M, K], gate and up [I, K] (else a_ptr, bg_ptr, bu_ptr: unused)
     M, I, K,
     stride_am, stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk,
     k_tiles_per_split,  # grid (cdiv(I, BLOCK_N), SPLIT, cdiv(M, BLOCK_M))
@@ -145,46 +179,57 @@ def _small_m_silu_quant_kernel(
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait before the loop, trigger after it
+    TMA: tl.constexpr,  # gate, up and activation tiles by the copy engine (_k_loop_pair; else pointer loads)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
-    r = tl.arange(0, 2 * BLOCK_N)
-    is_up = r >= BLOCK_N
-    rn = (pid_n * BLOCK_N + r % BLOCK_N) % I  # weight row of each tile row (out-of-range columns wrap)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rm = offs_m % M
-    offs_k = tl.arange(0, BLOCK_K)
     kt_start = pid_s * k_tiles_per_split
     kt_end = tl.minimum(kt_start + k_tiles_per_split, tl.cdiv(K, BLOCK_K))
-    k_first = kt_start * BLOCK_K
-    w_rows = tl.where(is_up, bu_ptr, bg_ptr) + rn.to(tl.int64) * stride_bn  # [2 * BLOCK_N] row starts
-    w_ptrs = w_rows[:, None] + (k_first + offs_k)[None, :]
-    ws_ptrs = tl.where(is_up, bus_ptr, bgs_ptr) + (rn // SCALE_BLOCK) * stride_bsn
-    x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]
     xs_ptrs = as_ptr + rm * stride_asm
     if PDL:
         tl.extra.cuda.gdc_wait()  # before the first activation load and any store
-    acc = _k_loop(tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32), w_ptrs, ws_ptrs, x_ptrs, xs_ptrs,
-                  kt_start, kt_end, stride_bsk, stride_ask, bg_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K,
-                  K_UNROLL, False, False, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+    if TMA:
+        rh = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % I  # the tile's weight rows (out-of-range ones wrap)
+        gate, up = _k_loop_pair(bg_desc, bu_desc, bgs_ptr + (rh // SCALE_BLOCK) * stride_bsn,
+                                bus_ptr + (rh // SCALE_BLOCK) * stride_bsn, a_desc, xs_ptrs, kt_start, kt_end,
+                                stride_bsk, stride_ask, pid_n * BLOCK_N, pid_m * BLOCK_M, GROUP_K, SCALE_BLOCK,
+                                BLOCK_N, BLOCK_M, BLOCK_K)  # fmt: skip
+    else:
+        r = tl.arange(0, 2 * BLOCK_N)
+        is_up = r >= BLOCK_N
+        rn = (pid_n * BLOCK_N + r % BLOCK_N) % I  # weight row of each tile row (out-of-range columns wrap)
+        offs_k = tl.arange(0, BLOCK_K)
+        k_first = kt_start * BLOCK_K
+        w_rows = tl.where(is_up, bu_ptr, bg_ptr) + rn.to(tl.int64) * stride_bn  # [2 * BLOCK_N] row starts
+        w_ptrs = w_rows[:, None] + (k_first + offs_k)[None, :]
+        ws_ptrs = tl.where(is_up, bus_ptr, bgs_ptr) + (rn // SCALE_BLOCK) * stride_bsn
+        x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]
+        acc = _k_loop(tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32), w_ptrs, ws_ptrs, x_ptrs, xs_ptrs,
+                      kt_start, kt_end, stride_bsk, stride_ask, bg_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK,
+                      BLOCK_K, K_UNROLL, False, False, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+        gate, up = _halves(acc, BLOCK_N, BLOCK_M)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     if MODE == 0:
-        _epilogue(acc, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE, G, GROUP_TILES, BLOCK_N,
-                  BLOCK_M, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+        _epilogue(gate, up, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE, G, GROUP_TILES,
+                  BLOCK_N, BLOCK_M, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
     else:
         mn = M.to(tl.int64) * 2 * I
-        cols = tl.where(is_up, I, 0) + pid_n * BLOCK_N + r % BLOCK_N  # partial column of each tile row
-        mask = (offs_m[None, :] < M) & ((pid_n * BLOCK_N + r % BLOCK_N) < I)[:, None]
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # the gate partials' columns; the up ones' are I further
+        mask = (offs_m[None, :] < M) & (cols < I)[:, None]
         p_ptrs = p_ptr + offs_m.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
-        tl.store(p_ptrs + pid_s * mn, acc, mask=mask)
+        tl.store(p_ptrs + pid_s * mn, gate, mask=mask)
+        tl.store(p_ptrs + I + pid_s * mn, up, mask=mask)
         tile = pid_m * tl.num_programs(0) + pid_n
         if _last_split(cnt_ptr, tile):
-            total = _sum_partials(p_ptrs, mask, mn, 2 * BLOCK_N, BLOCK_M)
+            gate_sum = _sum_partials(p_ptrs, mask, mn, BLOCK_N, BLOCK_M)
+            up_sum = _sum_partials(p_ptrs + I, mask, mn, BLOCK_N, BLOCK_M)
             tl.store(cnt_ptr + tile, 0)  # ready for the next launch
-            _epilogue(total, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE, G, GROUP_TILES,
-                      BLOCK_N, BLOCK_M, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+            _epilogue(gate_sum, up_sum, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I, OUT_DTYPE, G,
+                      GROUP_TILES, BLOCK_N, BLOCK_M, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -200,7 +245,20 @@ def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
         return f"block_n {config.block_n} is neither a multiple nor a divisor of the output group {group_size}"
     if config.fma or config.reduce != "last" and config.split_k > 1:
         return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
+    if config.tma and config.k_unroll != 1:
+        return "with tma the gate and up tiles are loaded one K tile per step (k_unroll 1)"
     return None
+
+
+def _descriptors(q, w_gate, w_up, config: SmallMConfig, block_m: int, block_k: int) -> tuple:
+    """TMA descriptors of ``q``, gate and up for ``config.tma``, or the tensors themselves where the launch
+    cannot take them (no TMA on this GPU, a layout TMA cannot address): then the tiles load through pointers,
+    with the same result bit for bit."""
+    has_tma = _arch.triton_interpreting() or _arch.arch_of(q.device).tma
+    if not (config.tma and has_tma and all(_tma_ready(t) for t in (q, w_gate, w_up))):
+        return q, w_gate, w_up
+    weights = [TensorDescriptor(w, list(w.shape), list(w.stride()), [config.block_n, block_k]) for w in (w_gate, w_up)]
+    return TensorDescriptor(q, list(q.shape), list(q.stride()), [block_m, block_k]), *weights
 
 
 def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, group_size: int,
@@ -236,12 +294,13 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
     partials = torch.empty((split, m, 2 * i), dtype=torch.float32, device=dev) if split > 1 else s_out
     values = torch.empty((m, i), dtype=torch.float32, device=dev) if group_tiles > 1 else s_out
     pdl = _pdl.pdl_enabled(dev)
+    descs = _descriptors(q, w_gate, w_up, config, block_m, block_k)
     _small_m_silu_quant_kernel[grid](
         q, w_gate, w_up, q_out, s_out, partials, values, s_out if counters is None else counters, x_scale, s_gate, s_up,
-        m, i, k, q.stride(0), w_gate.stride(0), *x_scale.stride(), *s_gate.stride(), per_split,
-        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, GROUP_TILES=group_tiles, BLOCK_M=block_m,
-        BLOCK_N=config.block_n, BLOCK_K=block_k, K_UNROLL=unroll, MODE=0 if split == 1 else 2,
-        **kernel_constexprs(dev), PDL=pdl, num_warps=config.warps, num_stages=config.stages,
+        *descs, m, i, k, q.stride(0), w_gate.stride(0), *x_scale.stride(), *s_gate.stride(), per_split,
+        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, GROUP_TILES=group_tiles,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, K_UNROLL=unroll, MODE=0 if split == 1 else 2,
+        **kernel_constexprs(dev), PDL=pdl, TMA=descs[0] is not q, num_warps=config.warps, num_stages=config.stages,
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     return q_out, s_out

@@ -4,8 +4,8 @@ quant in its epilogue, where that measured faster than the two launches it repla
 Choice per (arch, M bucket, I, K): the config in ``TABLE`` (measured by ``benchmarks/gemm_silu_quant.py`` on the
 GPU), else the unfused pair: where the table has None (the pair won or tied), no row (never measured: 2 of the 3
 measured shapes showed no gain, so an unmeasured one is not assumed to gain), or M > ``SMALL_M_MAX``. On the H200
-the swap-AB fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B at M = 4-32,
-Llama-3.1-8B at M = 32): see the table's comment.
+the swap-AB fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B and Llama-3.1-8B at
+M = 16 / 32, with TMA tiles but for Qwen3-32B at 32): see the table's comment.
 
 The fused launch is ``_small_m_silu_kernels.py`` (a ``SmallMConfig`` row) or, for M <= ``GEMV_MAX_M``, the GEMV
 with the same epilogue, ``_gemv_silu_kernels.py`` (a ``GemvConfig`` row); the unfused pair is ``blockscale_mm`` (or ``blockscale_mm_grouped``
@@ -36,46 +36,47 @@ SMALL_M_MAX = _bm.SMALL_M_MAX
 # where the unfused pair was faster.
 # fmt: off
 TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
-    # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s) by
-    # `python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64` on commit 56c68d2 (the gate_up shapes of Qwen3-8B,
-    # Llama-3.1-8B, Qwen3-32B), the sweep with block_n 64 / 32 (GROUP_TILES 2 / 4). A config where the fused
-    # launch beat the unfused pair by more than 2%, else None. On the 8B shapes the two cost the same to within
-    # 2% even with the plain GEMM's 128- / 64-row tile: the ticket, the fp32 store and reload of each group and
-    # the last program's quant cost about what the saved silu-quant launch (~1.3 us) saves. On Qwen3-32B's
-    # 51200 x 5120 the fused launch is the better GEMM at M = 4-32: 0.95-0.96x.
-    # M = 1: from the second run (`--ms 1,4`, same day, GPU and commit c4c11cb), the first with the GEMV and the
+    # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.25 TB/s) by
+    # `python benchmarks/gemm_silu_quant.py --ms 4,16,32,64` (the gate_up shapes of Qwen3-8B, Llama-3.1-8B,
+    # Qwen3-32B), on the tree of commit c686824 with the TMA pair (`_k_loop_pair`): 14 families, 6 of them TMA,
+    # against the unfused pair whose plain GEMM has the TMA rows of `blockscale_mm.TABLE`. A config where the
+    # fused launch beat the unfused pair by more than 2%, else None. TMA took the fused launch's best at Llama-3.1-8B
+    # M = 4-64 and Qwen3-32B M = 16 / 64; it won over the pair at Llama M = 16 / 32 (0.96x) and Qwen3-32B M = 16
+    # (0.98x); Qwen3-32B M = 32 keeps the pointer tile (0.96x). On Qwen3-8B the fused launch ties the pair at M = 4-32
+    # and loses at M = 64 (35.0 vs 32.0 us): 192 programs of 128 weight rows, where the pair's GEMM runs 384 of 64.
+    # M = 1: from an earlier run (`--ms 1,4`, same day, GPU, commit c4c11cb), the first with the GEMV and the
     # same epilogue (_gemv_silu_kernels.py) in the sweep; the best fused config, swap-AB or GEMV, in the comment.
     # fused 30.1 us (GEMV rows 8) vs unfused 28.2 us (the GEMV, then the silu-quant), roofline 23.5 us
     ('sm90', 1, 12288, 4096): None,
-    # fused 29.3 us vs unfused 29.7 us, roofline 23.5 us; the best, block_n 32: 1.4%, under the margin
+    # fused 27.8 us vs unfused 28.0 us, roofline 23.7 us
     ('sm90', 4, 12288, 4096): None,
-    # fused 30.0 us vs unfused 30.5 us, roofline 23.6 us; block_n 32, 1.6% faster: under the margin
+    # fused 28.3 us vs unfused 28.5 us, roofline 23.7 us
     ('sm90', 16, 12288, 4096): None,
-    # fused 32.0 us vs unfused 31.9 us, roofline 23.7 us (the run before: 30.7 vs 31.6)
+    # fused 30.1 us vs unfused 30.0 us, roofline 23.8 us
     ('sm90', 32, 12288, 4096): None,
-    # fused 37.4 us vs unfused 35.6 us, roofline 23.8 us
+    # fused 35.0 us (TMA, block_n 64) vs unfused 32.0 us, roofline 23.9 us
     ('sm90', 64, 12288, 4096): None,
-    # fused 32.7 us (GEMV rows 8) vs unfused 33.5 us, roofline 27.4 us (second run). Not taken: inside the decode
-    # step (profile_step.py, 4 layers, batch 1, commit bf8bd40) the fused GEMV took 32.5 us per layer where the
-    # GEMV and the silu-quant took 30.6 + 1.4 us.
+    # fused 32.7 us (GEMV rows 8) vs unfused 33.5 us, roofline 27.4 us (run of c4c11cb). Not taken: inside the
+    # decode step (profile_step.py, 4 layers, batch 1, commit bf8bd40) the fused GEMV took 32.5 us per layer where
+    # the GEMV and the silu-quant took 30.6 + 1.4 us.
     ('sm90', 1, 14336, 4096): None,
-    # fused 33.3 us vs unfused 33.7 us, roofline 27.5 us (the second run: 32.7 vs 33.6, block_n 64: 0.97x)
+    # fused 31.6 us (TMA) vs unfused 32.1 us, roofline 27.6 us
     ('sm90', 4, 14336, 4096): None,
-    # fused 33.9 us vs unfused 34.5 us, roofline 27.5 us
-    ('sm90', 16, 14336, 4096): None,
-    # fused 35.6 us vs unfused 36.4 us, roofline 27.6 us
-    ('sm90', 32, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last'),
-    # fused 39.8 us vs unfused 40.3 us, roofline 27.7 us
+    # fused 31.9 us vs unfused 33.1 us, roofline 27.7 us
+    ('sm90', 16, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last', 1, False, True),
+    # fused 33.3 us vs unfused 34.6 us, roofline 27.8 us
+    ('sm90', 32, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last', 1, False, True),
+    # fused 37.4 us (TMA, 8 warps) vs unfused 37.4 us, roofline 27.9 us
     ('sm90', 64, 14336, 4096): None,
-    # fused 67.7 us (swap-AB; the GEMV's best 67.9) vs unfused 66.6 us, roofline 61.2 us (second run)
+    # fused 67.7 us (swap-AB; the GEMV's best 67.9) vs unfused 66.6 us, roofline 61.2 us (run of c4c11cb)
     ('sm90', 1, 25600, 5120): None,
-    # fused 67.9 us vs unfused 71.2 us, roofline 61.3 us
-    ('sm90', 4, 25600, 5120): SmallMConfig(64, 1, 4, 3, 'last'),
-    # fused 69.3 us vs unfused 73.3 us, roofline 61.4 us
-    ('sm90', 16, 25600, 5120): SmallMConfig(64, 1, 4, 3, 'last'),
-    # fused 70.4 us vs unfused 73.4 us, roofline 61.5 us
+    # fused 66.7 us vs unfused 67.4 us, roofline 61.7 us (the run of 56c68d2: 67.9 vs 71.2, then taken)
+    ('sm90', 4, 25600, 5120): None,
+    # fused 66.5 us vs unfused 67.9 us, roofline 61.8 us
+    ('sm90', 16, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last', 1, False, True),
+    # fused 68.1 us vs unfused 70.7 us, roofline 61.9 us
     ('sm90', 32, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
-    # fused 85.5 us vs unfused 83.6 us, roofline 61.7 us
+    # fused 84.0 us (TMA, block_n 64) vs unfused 80.3 us, roofline 62.1 us
     ('sm90', 64, 25600, 5120): None,
 }
 # fmt: on
