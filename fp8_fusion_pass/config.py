@@ -29,8 +29,8 @@ class FusionConfig:
     # Not bit-exact (deterministic mode keeps it off); measured on the H200 (patterns/group_gemm.py).
     group_gemm: bool = True
     # blockscale_mm (gate/up) -> silu_mul_group_quant  =>  one op, the silu-quant in the GEMM's epilogue at decode,
-    # where its measured table says so (Qwen3-32B at 4-32 rows). Not bit-exact (deterministic mode keeps it off);
-    # measured on the H200 (patterns/gemm_silu_quant.py).
+    # where its measured table says so (Qwen3-32B, Llama-3.1-8B at 16 / 32 rows). Not bit-exact (deterministic mode
+    # keeps it off); measured on the H200 (patterns/gemm_silu_quant.py).
     gemm_silu_quant: bool = True
     # group_quant -> blockscale_mm (the o_proj input at batch 1-4)  =>  one op, the quant inside the GEMV, where its
     # measured table says so (the 8B o_proj at batch 1). Not bit-exact (its GEMV config may differ from the GEMM's),

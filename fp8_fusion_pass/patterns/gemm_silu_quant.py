@@ -13,10 +13,9 @@ fused op's Triton implementation runs it inside the GEMM's launch where ``blocks
 measured that faster, and the unfused pair elsewhere. Measured (``benchmarks/gemm_silu_quant.py``, H200): on
 Qwen3-32B's gate_up 0.90-0.96x the two launches at M <= 32, and all 64 layers of its decode step at batch 1 went
 from 1.037x to 1.079x with the pass (6.8 us per layer, ``benchmarks/decode.py``). Since then the GEMV path gives
-the unfused GEMM that time at M = 1 (a tie), so the table fuses Qwen3-32B at M = 4-32. On the 8B gate_up shapes
-the fused kernel's 256-row weight tile costs what the launch saves (0.97-1.05x), and with the plain GEMM's 128- /
-64-row tile (a quant group over 2 / 4 programs) its group ticket does (0.98-1.00x), so the table keeps two launches
-there except for Llama-3.1-8B at M = 32, and the report says ``unfused_pair_faster``.
+the unfused GEMM that time at M = 1 (a tie), and TMA tiles made both GEMMs faster at M = 16-64: the table fuses
+Qwen3-32B and Llama-3.1-8B at M = 16 / 32 (0.96-0.98x). On Qwen3-8B's gate_up the fused launch ties the pair at
+M = 4-32 and loses at M = 64, so the table keeps two launches there and the report says ``unfused_pair_faster``.
 
 Runs after ``group_gemm`` (whose grouped gate / up output it also takes). Guards: the switch, deterministic mode
 (not bit-exact: the fused launch's GEMM config may differ from the separate GEMM's, and so its sum order);
