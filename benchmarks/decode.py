@@ -10,6 +10,8 @@ How every variant is compiled and timed (the only difference between "block" and
   The whole step (embedding, RoPE tables, every layer, final norm, lm_head) is then captured into one CUDA graph
   by hand (``torch.cuda.CUDAGraph``), so a step is one graph launch with no Python in it.
 - ``--compile full``: the whole step in one ``torch.compile`` with ``triton.cudagraphs`` (cudagraph trees).
+- ``--inductor NAME=VALUE,...``: Inductor options for every compile of the run, with and without the pass alike
+  (say ``combo_kernels=True``), so a compiler setting is measured as what it does to both sides.
 Time per step: replays back to back between two CUDA events (the CPU queues them ahead, as a serving loop does),
 median of several rounds. HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
 (torch 2.11, transformers 5.17) with "accessing tensor output of CUDAGraphs that has been overwritten", so the
@@ -31,6 +33,8 @@ lm_head) plus the KV cache read, over the copy bandwidth measured in the same ru
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import gc
 import os
 import statistics
@@ -59,7 +63,7 @@ def log(msg: str) -> None:
 
 
 def compile_step(fn, with_pass: bool):
-    options = {"triton.cudagraphs": True}
+    options = {"triton.cudagraphs": True, **INDUCTOR_OPTIONS}
     if with_pass:
         options["post_grad_custom_post_pass"] = FP8FusionPass(PASS_CONFIG)
     return torch.compile(fn, options=options, dynamic=False)
@@ -77,8 +81,35 @@ def pass_config(without: str) -> FusionConfig:
         raise SystemExit(f"--without: {e}") from None
 
 
+# Inductor options for every compile of a run, with the pass and without (``--inductor``): an A/B of the pass
+# must not give one side a compiler setting the other lacks.
+INDUCTOR_OPTIONS: dict = {}
+
+
+def inductor_options(spec: str) -> dict:
+    """``"combo_kernels=True,coordinate_descent_tuning=True"`` -> ``{name: value}``. Each name must be an
+    option of ``torch._inductor.config`` (dotted for its sub-configs: ``triton.cudagraphs``), each value a Python
+    literal; anything else exits with the reason."""
+    from torch._inductor import config as inductor_config
+
+    options = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, value = (t.strip() for t in item.partition("="))
+        if not sep or not name:
+            raise SystemExit(f"--inductor: {item!r} is not NAME=VALUE")
+        try:
+            functools.reduce(getattr, name.split("."), inductor_config)
+        except AttributeError:
+            raise SystemExit(f"--inductor: torch._inductor.config has no option {name!r}") from None
+        try:
+            options[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"--inductor: {name}={value!r} is not a Python literal (True, 1, 0.5, 'text')") from None
+    return options
+
+
 def pass_options(with_pass: bool) -> dict:
-    return {"post_grad_custom_post_pass": FP8FusionPass(PASS_CONFIG)} if with_pass else {}
+    return {**INDUCTOR_OPTIONS, **({"post_grad_custom_post_pass": FP8FusionPass(PASS_CONFIG)} if with_pass else {})}
 
 
 def compile_regions(model, with_pass: bool) -> None:
@@ -333,6 +364,8 @@ def main(argv=None) -> int:
     p.add_argument("--without", default="",
                    help="rewrites the +pass variant runs without, e.g. inline_norm,group_gemm (FusionConfig names)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
+    p.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
+                   help="Inductor options for every compile, with and without the pass (e.g. combo_kernels=True)")
     p.add_argument("--compile", choices=("regional", "full"), default="regional",
                    help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
                         "full: one torch.compile of the step with cudagraph trees")
@@ -342,13 +375,15 @@ def main(argv=None) -> int:
     global DEVICE
     DEVICE = "cpu" if args.dry_run else "cuda"
     engine.DECODE_ATTENTION = args.attention
-    global PASS_CONFIG
+    global PASS_CONFIG, INDUCTOR_OPTIONS
     PASS_CONFIG = pass_config(args.without)
+    INDUCTOR_OPTIONS = inductor_options(args.inductor)
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)
     bw = copy_bandwidth(dry_run=args.dry_run)
     device_name = "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name()
-    log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}")
+    log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}; Inductor options "
+        f"{INDUCTOR_OPTIONS or 'default'}")
     rows: list[dict] = []
     for preset in args.presets.split(","):
         get_preset(preset)

@@ -99,9 +99,11 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="block,block+pass,bf16")
     p.add_argument("--without", default="", help="as decode.py --without")
     p.add_argument("--top", type=int, default=12, help="kernels listed per step, the longest first")
+    p.add_argument("--inductor", default="", help="as decode.py --inductor")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
     decode.PASS_CONFIG = decode.pass_config(args.without)
+    decode.INDUCTOR_OPTIONS = decode.inductor_options(args.inductor)
     torch.set_grad_enabled(False)
     summary = []
     for form in args.forms.split(","):

@@ -51,3 +51,23 @@ def test_without_switches_rewrites_off():
     assert not config.inline_norm and not config.group_gemm and config.norm_quant
     with pytest.raises(SystemExit, match="unknown fusion"):
         decode.pass_config("inline_norms")
+
+
+def test_inductor_options_reach_both_compiles_or_exit_with_the_reason():
+    import decode
+
+    options = decode.inductor_options(" combo_kernels=True, triton.cudagraphs=False,coordinate_descent_tuning = 1")
+    assert options == {"combo_kernels": True, "triton.cudagraphs": False, "coordinate_descent_tuning": 1}
+    assert decode.inductor_options("") == {}
+    for spec, match in [("combo_kernel=True", "no option 'combo_kernel'"), ("combo_kernels", "not NAME=VALUE"),
+                        ("combo_kernels=yes", "not a Python literal")]:
+        with pytest.raises(SystemExit, match=match):
+            decode.inductor_options(spec)
+    old = decode.INDUCTOR_OPTIONS
+    try:
+        decode.INDUCTOR_OPTIONS = {"combo_kernels": True}
+        without, with_pass = decode.pass_options(False), decode.pass_options(True)
+    finally:
+        decode.INDUCTOR_OPTIONS = old
+    assert without == {"combo_kernels": True}
+    assert with_pass["combo_kernels"] is True and "post_grad_custom_post_pass" in with_pass
