@@ -7,6 +7,7 @@ table. ``python -m pytest tests/kernels/test_small_m_silu_gpu.py -m gpu -q``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -38,9 +39,20 @@ CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"
 GEMV_CONFIGS = [GemvConfig(4, 1024, 4, 1), GemvConfig(8, 512, 4, 1), GemvConfig(16, 1024, 4, 3)]
 
 
+# Inputs and the reference depend on (m, i, k) only, not on the config under test: made once per point. The
+# weights' randn and the float reference on the CPU took most of this file's run time (~2 s per test, 200 tests).
+@functools.cache
 def _inputs(m, i, k):
     q, xs, w, s = make_inputs(m, 2 * i, k, device="cuda")
     return q, xs, w, s, (w[:i], s[: i // 128], w[i:], s[i // 128:])
+
+
+@functools.cache
+def _reference(m, i, k):
+    """``silu_mul_group_quant`` of the float GEMM, on the CPU (fp8 values and scales)."""
+    q, xs, w, s, _ = _inputs(m, i, k)
+    return ref.silu_mul_group_quant(ref.blockscale_mm(q.cpu(), xs.cpu(), w.cpu(), s.cpu(), BF16), 128,
+                                    arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))  # fmt: skip
 
 
 def _dq(out):
@@ -51,7 +63,7 @@ def _dq(out):
 @pytest.mark.parametrize("i, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 5, 16, 64])
 def test_fused_equals_unfused_pair_and_reference(m, i, k, config):
-    q, xs, w, s, halves = _inputs(m, i, k)
+    q, xs, _, _, halves = _inputs(m, i, k)
     fused = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)
     # The pair's GEMM with at least 64 weight rows per tile: the fused tile has 2 * block_n rows, and a tile under
     # 64 rows is not a wgmma on sm90 (Triton takes mma.sync there), whose fp8 sums round differently: at block_n
@@ -60,8 +72,7 @@ def test_fused_equals_unfused_pair_and_reference(m, i, k, config):
     pair = silu_mul_group_quant(smk.small_m_mm_grouped(q, xs, [halves[0], halves[2]], [halves[1], halves[3]], BF16,
                                                        pair_config), 128)  # fmt: skip
     assert torch.equal(fused[1], pair[1]) and torch.equal(fused[0].view(torch.uint8), pair[0].view(torch.uint8))
-    want = ref.silu_mul_group_quant(ref.blockscale_mm(q.cpu(), xs.cpu(), w.cpu(), s.cpu(), BF16), 128,
-                                    arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))  # fmt: skip
+    want = _reference(m, i, k)
     d = ((_dq(fused).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
     assert d < 2e-2, f"rel err vs reference {d:.3g}"
     again = [sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]
@@ -90,8 +101,7 @@ def test_fused_gemv_equals_unfused_pair_and_reference(m, i, k, config):
     fused = gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config)
     pair = silu_mul_group_quant(gemv_mm(q, xs, w, s, BF16, config), 128)
     assert torch.equal(fused[1], pair[1]) and torch.equal(fused[0].view(torch.uint8), pair[0].view(torch.uint8))
-    want = ref.silu_mul_group_quant(ref.blockscale_mm(q.cpu(), xs.cpu(), w.cpu(), s.cpu(), BF16), 128,
-                                    arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))  # fmt: skip
+    want = _reference(m, i, k)
     d = ((_dq(fused).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
     assert d < 2e-2, f"rel err vs reference {d:.3g}"
     again = [gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]  # the group tickets
@@ -125,7 +135,6 @@ def test_public_op_matches_reference(m, i, k):
     q, xs, w, s, _ = _inputs(m, i, k)
     with backends.use_backend("triton"):
         out = torch.ops.fp8_fusion.blockscale_mm_silu_mul_group_quant(q, xs, [w], [s], BF16, 128)
-    want = ref.silu_mul_group_quant(ref.blockscale_mm(q.cpu(), xs.cpu(), w.cpu(), s.cpu(), BF16), 128,
-                                    arch.fp8_dtype("cpu"), arch.fp8_max("cpu"))  # fmt: skip
+    want = _reference(m, i, k)
     d = ((_dq(out).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
     assert d < 2e-2, f"M={m} I={i} K={k} ({bsq.fused_config.__name__}): rel err {d:.3g}"
