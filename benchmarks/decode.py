@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import functools
 import gc
 import os
@@ -49,7 +50,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import copy_bandwidth  # noqa: E402
 
 from fp8_fusion_pass import report  # noqa: E402
-from fp8_fusion_pass.config import FusionConfig  # noqa: E402
+from fp8_fusion_pass.config import FUSIONS, FusionConfig  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
 from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
@@ -69,16 +70,20 @@ def compile_step(fn, with_pass: bool):
     return torch.compile(fn, options=options, dynamic=False)
 
 
-# The pass's config for every "+pass" variant (``--without`` switches rewrites off).
+# The pass's config for every "+pass" variant (``--without`` switches rewrites off, ``--with`` on).
 PASS_CONFIG = FusionConfig()
 
 
-def pass_config(without: str) -> FusionConfig:
-    """The default config with the comma-separated rewrites of ``--without`` switched off."""
+def pass_config(without: str, with_: str = "") -> FusionConfig:
+    """The default config with the comma-separated rewrites of ``--without`` switched off and those of
+    ``--with`` (rewrites off by default, such as norm_rope) switched on."""
     try:
-        return FusionConfig.without(without)
+        config = FusionConfig.without(without)
+        wanted = FusionConfig.only(with_) if with_.strip() else None
     except ValueError as e:
-        raise SystemExit(f"--without: {e}") from None
+        raise SystemExit(f"--without / --with: {e}") from None
+    on = [f for f in FUSIONS if wanted is not None and getattr(wanted, f)]
+    return dataclasses.replace(config, **dict.fromkeys(on, True))
 
 
 # Inductor options for every compile of a run, with the pass and without (``--inductor``): an A/B of the pass
@@ -361,6 +366,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
+    p.add_argument("--with", dest="with_", default="", help="rewrites off by default to switch on, e.g. norm_rope")
     p.add_argument("--without", default="",
                    help="rewrites the +pass variant runs without, e.g. inline_norm,group_gemm (FusionConfig names)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
@@ -376,7 +382,7 @@ def main(argv=None) -> int:
     DEVICE = "cpu" if args.dry_run else "cuda"
     engine.DECODE_ATTENTION = args.attention
     global PASS_CONFIG, INDUCTOR_OPTIONS
-    PASS_CONFIG = pass_config(args.without)
+    PASS_CONFIG = pass_config(args.without, args.with_)
     INDUCTOR_OPTIONS = inductor_options(args.inductor)
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_grad_enabled(False)

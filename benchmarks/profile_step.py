@@ -98,11 +98,12 @@ def main(argv=None) -> int:
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--variants", default="block,block+pass,bf16")
     p.add_argument("--without", default="", help="as decode.py --without")
+    p.add_argument("--with", dest="with_", default="", help="as decode.py --with")
     p.add_argument("--top", type=int, default=12, help="kernels listed per step, the longest first")
     p.add_argument("--inductor", default="", help="as decode.py --inductor")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
-    decode.PASS_CONFIG = decode.pass_config(args.without)
+    decode.PASS_CONFIG = decode.pass_config(args.without, args.with_)
     decode.INDUCTOR_OPTIONS = decode.inductor_options(args.inductor)
     torch.set_grad_enabled(False)
     summary = []

@@ -10,8 +10,8 @@ import dataclasses
 import os
 
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
-FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "inline_norm", "group_gemm", "gemm_silu_quant", "quant_gemm",
-           "zero_fill")
+FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "norm_rope", "inline_norm", "group_gemm", "gemm_silu_quant",
+           "quant_gemm", "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 
@@ -22,6 +22,10 @@ class FusionConfig:
     silu_quant: bool = True  # silu(gate) * up -> group_quant  =>  silu_mul_group_quant
     dedup_quant: bool = True  # identical group_quant(x) calls collapse to one
     zero_fill: bool = True  # zeros(1) scale buffers of ops that overwrite them  =>  empty(1)
+    # Qwen3's q / k norm ops -> RoPE  =>  one rms_norm_rope launch for both. Off until measured on a GPU
+    # (patterns/norm_rope.py); not bit-exact against Inductor's fusion of the inlined norms (deterministic mode
+    # keeps it off).
+    norm_rope: bool = False
     # rms_norm / add_rms_norm ops left after the fusions  =>  their aten ops, for Inductor to fuse with neighbours.
     # Not bit-exact (deterministic mode keeps it off); measured on the H200 (patterns/inline_norm.py).
     inline_norm: bool = True

@@ -173,6 +173,7 @@ class _Run:
         else:
             for name, stage in (("dedup_quant", self._dedup), ("fusions", self._fuse),
                                 ("why-not scan", self._explain),
+                                ("norm_rope", functools.partial(self._whole_graph_rewrite, "norm_rope")),
                                 ("inline_norm", functools.partial(self._whole_graph_rewrite, "inline_norm")),
                                 ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
                                 ("gemm_silu_quant", functools.partial(self._whole_graph_rewrite, "gemm_silu_quant")),
@@ -224,8 +225,8 @@ class _Run:
         _candidates.explain(self.graph, self.explained, self._record)
 
     def _whole_graph_rewrite(self, name: str) -> None:
-        """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): inline_norm,
-        group_gemm, gemm_silu_quant, quant_gemm. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
+        """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope,
+        inline_norm, group_gemm, gemm_silu_quant, quant_gemm. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
                                      self.deterministic).ok:

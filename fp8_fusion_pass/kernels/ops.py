@@ -19,6 +19,7 @@ Outputs (``x [..., K]``, ``g = group_size``):
   blockscale_mm_silu_mul_group_quant(q [M,K], x_scale, [w_q [2I,K]] or [w_gate, w_up], [w_scale_i], out_dtype, g)
                                                      -> (q [M, I], scale [M, I/g])
   group_quant_blockscale_mm(x [M,K], w_q [N,K], w_scale, out_dtype, g)               -> y [M, N]
+  rms_norm_rope(q [B,S,Hq,D], wq, k [B,S,Hk,D], wk, eps, cos [B,S,D], sin)  -> (q [B,Hq,S,D], k [B,Hk,S,D])
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -244,6 +245,45 @@ def _(x, w_q, w_scale, out_dtype, group_size=DEFAULT_GROUP_SIZE):
     return x.new_empty((x.shape[0], w_q.shape[0]), dtype=out_dtype)
 
 
+def _check_norm_rope(op, q, wq, k, wk, cos, sin):
+    for name, x in (("q", q), ("k", k)):
+        checks.activation(op, name, x)
+        if x.dim() != 4:
+            raise ValueError(f"{op}: {name} must be [B, S, H, D], got shape {tuple(x.shape)}")
+    b, s, _, d = q.shape
+    if k.dtype != q.dtype or k.shape[0] != b or k.shape[1] != s or k.shape[3] != d:
+        raise ValueError(f"{op}: k must be [B, S, Hk, D] = [{b}, {s}, Hk, {d}] of q's dtype {q.dtype}, got "
+                         f"{tuple(k.shape)} {k.dtype}")  # fmt: skip
+    if d % 2:
+        raise ValueError(f"{op}: the head dim must be even (rotate-half RoPE), got {d}")
+    checks.norm_weight(op, q, wq)
+    checks.norm_weight(op, k, wk)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 3 or t.shape[0] not in (1, b) or tuple(t.shape[1:]) != (s, d) or t.dtype != q.dtype:
+            raise ValueError(f"{op}: {name} must be [{b} or 1, {s}, {d}] of q's dtype {q.dtype}, got "
+                             f"{tuple(t.shape)} {t.dtype}")  # fmt: skip
+        if d > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} must be contiguous in its last dim, got strides {tuple(t.stride())}")
+    checks.same_device(op, q=q, k=k, wq=wq, wk=wk, cos=cos, sin=sin)
+
+
+@custom_op(f"{NS}::rms_norm_rope", mutates_args=())
+def rms_norm_rope(q: Tensor, wq: Tensor, k: Tensor, wk: Tensor, eps: float, cos: Tensor, sin: Tensor
+                  ) -> tuple[Tensor, Tensor]:
+    """Qwen3 attention's per-head q / k norms and the RoPE after them (``reference.rms_norm_rope``), both
+    tensors in one launch on the Triton backend (``kernels/triton/rms_norm_rope.py``). Outputs ``[B, H, S, D]``
+    contiguous: the layout after ``transpose(1, 2)``."""
+    _check_norm_rope("rms_norm_rope", q, wq, k, wk, cos, sin)
+    return _kernel("rms_norm_rope", q)(q, wq, k, wk, eps, cos, sin)
+
+
+@rms_norm_rope.register_fake
+def _(q, wq, k, wk, eps, cos, sin):
+    _check_norm_rope("rms_norm_rope", q, wq, k, wk, cos, sin)
+    b, s, hq, d = q.shape
+    return q.new_empty((b, hq, s, d)), k.new_empty((b, k.shape[2], s, d))
+
+
 # ---------------------------------------------------------------- mutating (the zero-fill case)
 
 
@@ -271,5 +311,5 @@ def _(out, x, scale):
 
 UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm")
 FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
-         "blockscale_mm_silu_mul_group_quant")
+         "blockscale_mm_silu_mul_group_quant", "rms_norm_rope")
 MUTATING = ("dynamic_per_tensor_quant",)

@@ -37,6 +37,20 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: 
     return rms_norm(residual_out, w, eps), residual_out
 
 
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF ``apply_rotary_pos_emb`` (rotate-half): ``x [B, H, S, D]``, ``cos`` / ``sin [B, S, D]`` in x.dtype; each
+    op rounds to x.dtype as eager does."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    d = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., d:], x[..., :d]), dim=-1) * sin)
+
+
+def rms_norm_rope(q, wq, k, wk, eps: float, cos, sin):
+    """Qwen3 attention's per-head q / k norms then RoPE: ``q [B, S, Hq, D]``, ``k [B, S, Hk, D]`` ->
+    ``(rope(rms_norm(q).transpose(1, 2)), rope(rms_norm(k).transpose(1, 2)))``, each ``[B, H, S, D]`` contiguous."""
+    return tuple(rope(rms_norm(x, w, eps).transpose(1, 2), cos, sin).contiguous() for x, w in ((q, wq), (k, wk)))
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` with gate the first half of the last dim; each step rounds to x.dtype as HF does."""
     d = x.shape[-1] // 2

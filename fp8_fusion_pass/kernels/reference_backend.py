@@ -63,5 +63,6 @@ def kernels() -> dict:
         "silu_mul_group_quant": silu_mul_group_quant,
         "blockscale_mm_silu_mul_group_quant": blockscale_mm_silu_mul_group_quant,
         "group_quant_blockscale_mm": group_quant_blockscale_mm,
+        "rms_norm_rope": ref.rms_norm_rope,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

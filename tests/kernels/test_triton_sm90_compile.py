@@ -168,6 +168,13 @@ SCRIPT = textwrap.dedent(
         c = dict(OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=max(1, 128 // rows), ROWS=rows, K_CHUNK=512,
                  BLOCK_M=block_m, SCALE_BLOCK=128, **FP8)
         out[f"gemv_silu rows={rows} block_m={block_m}"] = build(gvs._gemv_silu_quant_kernel, GSILU, c, 4)
+    # Qwen3's q / k norms and their RoPE in one launch (rms_norm_rope.py)
+    from fp8_fusion_pass.kernels.triton import rms_norm_rope as nr
+    ROPE = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")},
+            **{n: "i32" for n in ("S", "HQ", "HK", "n_q_rows", "n_rows", "sq_b", "sq_s", "sq_h", "sk_b", "sk_s",
+                                  "sk_h", "sc_b", "sc_s", "ss_b", "ss_s")}, "eps": "fp32"}
+    out["rms_norm_rope"] = build(nr._rms_norm_rope_kernel, ROPE, dict(D=128, ROWS=nr.ROWS, EMULATE_CAST=False),
+                                 nr.NUM_WARPS)
     RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}
     out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, EMULATE_CAST=False, PDL=True), 4)
     from fp8_fusion_pass.kernels.triton import _blockscale_kernels as bk
@@ -206,7 +213,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 37, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
+    assert len(result) == 38, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -51,6 +51,11 @@ def test_without_switches_rewrites_off():
     assert not config.inline_norm and not config.group_gemm and config.norm_quant
     with pytest.raises(SystemExit, match="unknown fusion"):
         decode.pass_config("inline_norms")
+    config = decode.pass_config("inline_norm", "norm_rope")  # --with switches on what is off by default
+    assert config.norm_rope and not config.inline_norm and config.group_gemm
+    assert not decode.pass_config("").norm_rope
+    with pytest.raises(SystemExit, match="unknown fusion"):
+        decode.pass_config("", "norm_ropes")
 
 
 def test_inductor_options_reach_both_compiles_or_exit_with_the_reason():

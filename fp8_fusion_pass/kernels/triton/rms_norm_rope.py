@@ -1,0 +1,110 @@
+"""Qwen3's per-head q / k RMSNorms and the RoPE after them, both tensors in one launch.
+
+    q_out = rope(rms_norm(q [B, S, Hq, D], wq, eps).transpose(1, 2), cos, sin)    [B, Hq, S, D]
+    k_out = rope(rms_norm(k [B, S, Hk, D], wk, eps).transpose(1, 2), cos, sin)    [B, Hk, S, D]
+
+Why: at decode these are small (Qwen3-8B at batch 1: 40 rows of 128 values) and launch-bound. With the pass,
+``inline_norm`` hands the norms to Inductor, which fuses each into its RoPE kernel: two launches (the k one also
+writes the KV cache), 1.4 + 1.9 us per layer at batch 1 and 2.5-3.5 + 2.0 us at batch 64 on the H200, where the
+q kernel's time varied between compiles (``docs/benchmarks.md``, "Re-run with the TMA SiLU-quant GEMM rows").
+Here one launch with a fixed config does both; not yet measured on the GPU.
+
+Each program takes ``ROWS`` rows of D values (one head of one token): rows ``[0, B*S*Hq)`` are q's, the rest
+k's; a row picks its tensor, weight and strides with selects, so one launch needs no branch. The numerics are
+``reference.rms_norm_rope``'s, step by step: ``rstd = 1 / sqrt(sum(x^2) / D + eps)`` in fp32 (correctly rounded, as
+``rms_norm.py``), ``y = w * (x * rstd rounded)`` rounded, then ``y * cos``, ``rotate_half(y) * sin`` and their sum,
+each rounded to the activation dtype as eager rounds them (the products of two bf16 values are exact in fp32,
+so one rounding each is eager's). The rotated half is a second load of the row at columns ``(j + D/2) mod D``
+(an L1 hit), normalised the same way, so no value moves between threads. Only the order of the sum of squares
+differs from the reference's: an output may differ from it by an ulp, rarely.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch
+from ._fp8 import round_to, to_fp32
+
+ROWS = 4  # rows (heads of a token) per program: 512 values at D = 128, 4 per thread with 4 warps
+NUM_WARPS = 4
+
+
+@triton.jit
+def _rounded(v, DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
+    """fp32 ``v`` rounded to the activation dtype and widened back: one eager op's output."""
+    return to_fp32(round_to(v, DTYPE, EMULATE_CAST), EMULATE_CAST)
+
+
+@triton.jit
+def _rms_norm_rope_kernel(
+    q_ptr, k_ptr,  # [B, S, H, D] views, D contiguous
+    wq_ptr, wk_ptr,  # norm weights [D]
+    cos_ptr, sin_ptr,  # [B or 1, S, D], D contiguous (batch stride 0 when shared)
+    qo_ptr, ko_ptr,  # out [B, H, S, D] contiguous
+    S, HQ, HK, n_q_rows, n_rows,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sc_b, sc_s, ss_b, ss_s,
+    eps,
+    D: tl.constexpr, ROWS: tl.constexpr, EMULATE_CAST: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = r < n_rows
+    r = tl.minimum(r, n_rows - 1)  # a tail row re-reads the last row; its store is masked
+    is_k = r >= n_q_rows
+    rr = tl.where(is_k, r - n_q_rows, r)
+    heads = tl.where(is_k, HK, HQ)
+    h = (rr % heads).to(tl.int64)
+    s = ((rr // heads) % S).to(tl.int64)
+    b = (rr // (heads * S)).to(tl.int64)
+    x_row = tl.where(is_k, k_ptr + b * sk_b + s * sk_s + h * sk_h, q_ptr + b * sq_b + s * sq_s + h * sq_h)
+    w_row = tl.where(is_k, wk_ptr, wq_ptr)
+    cols = tl.arange(0, D)[None, :]
+    rot = (cols + D // 2) % D  # rotate_half reads column j + D/2 (j < D/2) or j - D/2
+    x = to_fp32(tl.load(x_row[:, None] + cols), EMULATE_CAST)
+    x_rot = to_fp32(tl.load(x_row[:, None] + rot), EMULATE_CAST)
+    w = to_fp32(tl.load(w_row[:, None] + cols), EMULATE_CAST)
+    w_rot = to_fp32(tl.load(w_row[:, None] + rot), EMULATE_CAST)
+    var = tl.math.div_rn(tl.sum(x * x, 1), tl.cast(D, tl.float32))  # torch: mean = sum / D
+    rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))[:, None]
+    dtype = q_ptr.dtype.element_ty
+    y = _rounded(w * _rounded(x * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
+    y_rot = _rounded(w_rot * _rounded(x_rot * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
+    y_rot = tl.where(cols < D // 2, -y_rot, y_rot)  # cat(-y[..., D/2:], y[..., :D/2])
+    c = to_fp32(tl.load(cos_ptr + b[:, None] * sc_b + s[:, None] * sc_s + cols), EMULATE_CAST)
+    sn = to_fp32(tl.load(sin_ptr + b[:, None] * ss_b + s[:, None] * ss_s + cols), EMULATE_CAST)
+    out = round_to(_rounded(y * c, dtype, EMULATE_CAST) + _rounded(y_rot * sn, dtype, EMULATE_CAST), dtype,
+                   EMULATE_CAST)  # fmt: skip
+    o_row = tl.where(is_k, ko_ptr + ((b * HK + h) * S + s) * D, qo_ptr + ((b * HQ + h) * S + s) * D)
+    tl.store(o_row[:, None] + cols, out, mask=ok[:, None])
+
+
+def unsupported(head_dim: int) -> str | None:
+    """Why the kernel cannot take this head size (None when it can): one power-of-two tile per row."""
+    if head_dim < 2 or head_dim & (head_dim - 1) or head_dim > 1024:
+        return f"head_dim {head_dim} must be a power of two from 2 to 1024"
+    return None
+
+
+def rms_norm_rope(q, wq, k, wk, eps: float, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.rms_norm_rope`` in one launch; inputs validated by the op (``ops.py``). ValueError for a head
+    size the kernel cannot take."""
+    b, s, hq, d = q.shape
+    hk = k.shape[2]
+    reason = unsupported(d)
+    if reason is not None:
+        raise ValueError(f"rms_norm_rope: {reason}")
+    q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((b, hk, s, d), dtype=k.dtype, device=k.device)
+    n_q, n = b * s * hq, b * s * (hq + hk)
+    if n == 0:
+        return q_out, k_out
+    # cos / sin [1, S, D] serve every batch row: batch stride 0
+    table_strides = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(1)) for t in (cos, sin)]
+    _rms_norm_rope_kernel[(triton.cdiv(n, ROWS),)](
+        q, k, wq, wk, cos, sin, q_out, k_out, s, hq, hk, n_q, n,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), *table_strides[0],
+        *table_strides[1], eps, D=d, ROWS=ROWS, EMULATE_CAST=arch.triton_interpreting(), num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return q_out, k_out

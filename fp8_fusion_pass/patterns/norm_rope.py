@@ -1,0 +1,173 @@
+"""Qwen3's per-head q / k norms and the RoPE after each: both tensors in one op.
+
+    before (engine-form Qwen3 attention; the norms have no quant consumer)
+    q = rms_norm(view(q, [B, S, Hq, D]), w_q, eps) -> permute(0, 2, 1, 3) -> q * cos + rotate_half(q) * sin
+    k = rms_norm(view(k, [B, S, Hk, D]), w_k, eps) -> permute(0, 2, 1, 3) -> k * cos + rotate_half(k) * sin
+
+    after
+    q, k = rms_norm_rope(view(q), w_q, view(k), w_k, eps, cos, sin)
+
+With ``inline_norm`` alone Inductor fuses each norm into its RoPE kernel: two launches per layer, the k one with
+the k-cache write (``kernels/triton/rms_norm_rope.py`` has the H200 figures). Here one launch does both norms
+and both RoPEs, and the two cache writes are left to Inductor. **Off by default** (``FusionConfig.norm_rope``):
+not yet measured on a GPU. Not bit-exact against Inductor's fusion (which keeps the RoPE in fp32; this op rounds
+each step as eager does), so deterministic mode keeps it off.
+
+The RoPE is matched as ``reference.rope`` (HF ``apply_rotary_pos_emb``) reads after decomposition: the norm's
+only user is ``permute(0, 2, 1, 3)``; its users are ``mul(p, unsqueeze(cos, 1))`` and the two halves
+``slice(p, 3, D/2, end)`` -> ``neg`` and ``slice(p, 3, 0, D/2)``, joined by ``cat(-1)``, times ``unsqueeze(sin,
+1)``, and the ``add`` of the two products (either operand order). Chains sharing one cos, sin and eps pair up
+in graph order, q / k as they come; a chain left without a partner is reported (``no_norm_rope_pair``) and left
+to ``inline_norm``. Guards: the switch and deterministic mode; bf16; x ``[B, S, H, D]`` with D a power of two
+(``no_fused_kernel`` otherwise: the kernel's one tile per row); cos / sin ``[B or 1, S, D]``.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .. import guards
+from . import _graph
+
+aten = torch.ops.aten
+RMS_NORM = torch.ops.fp8_fusion.rms_norm.default
+FUSED = torch.ops.fp8_fusion.rms_norm_rope.default
+NAME = "norm_rope"
+_END = 2**63 - 1  # slice(x, dim, start) with no end, as traced
+
+
+def _only_user(node: Node) -> Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _is(node, target) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target is target
+
+
+def _table(node) -> Node | None:
+    """``unsqueeze(t, 1)``'s t (cos or sin [B, S, D]), else None."""
+    if _is(node, aten.unsqueeze.default) and node.args[1] == 1 and isinstance(node.args[0], Node):
+        return node.args[0]
+    return None
+
+
+def _other(pair, node):
+    a, b = pair
+    return b if a is node else a if b is node else None
+
+
+def rope_chain(norm: Node) -> dict | None:
+    """The RoPE after ``norm`` as ``reference.rope`` traces (module docstring), or None: ``{"out": the add,
+    "cos", "sin": the tables, "nodes": every node of the chain}``."""
+    x = _graph.val(norm.args[0])
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or not isinstance(x.shape[-1], int):
+        return None
+    half = x.shape[-1] // 2
+    p = _only_user(norm)
+    if not _is(p, aten.permute.default) or list(p.args[1]) != [0, 2, 1, 3] or len(p.users) != 3:
+        return None
+    mul_cos = hi = lo = None
+    for u in p.users:
+        if _is(u, aten.mul.Tensor):
+            mul_cos = u
+        elif _is(u, aten.slice.Tensor) and u.args[1] in (3, -1) and u.args[0] is p:
+            start, end = (list(u.args[2:4]) + [None, None])[:2]
+            if start == half and end in (None, _END, 2 * half):
+                hi = u
+            elif start in (0, None) and end == half:
+                lo = u
+    if mul_cos is None or hi is None or lo is None:
+        return None
+    cos = _table(_other(mul_cos.args, p))
+    neg = _only_user(hi)
+    cat = _only_user(lo)
+    if cos is None or not _is(neg, aten.neg.default) or not _is(cat, aten.cat.default) or _only_user(neg) is not cat:
+        return None
+    if list(cat.args[0]) != [neg, lo] or (cat.args[1] if len(cat.args) > 1 else 0) not in (-1, 3):
+        return None
+    mul_sin = _only_user(cat)
+    if not _is(mul_sin, aten.mul.Tensor):
+        return None
+    sin = _table(_other(mul_sin.args, cat))
+    add = _only_user(mul_cos)
+    if sin is None or not _is(add, aten.add.Tensor) or _only_user(mul_sin) is not add or len(add.args) != 2:
+        return None
+    if {add.args[0], add.args[1]} != {mul_cos, mul_sin} or add.kwargs.get("alpha", 1) != 1:
+        return None
+    nodes = [norm, p, mul_cos, hi, lo, neg, cat, mul_sin, add]
+    return {"out": add, "cos": cos, "sin": sin, "nodes": nodes}
+
+
+def _check(norm: Node, chain: dict) -> guards.Verdict:
+    x, cos, sin = (_graph.val(n) for n in (norm.args[0], chain["cos"], chain["sin"]))
+    d = x.shape[-1]
+    verdict = guards.first_failure(lambda: guards.can_eps(norm.args[2]), lambda: guards.can_dtype(x))
+    if not verdict.ok:
+        return verdict
+    if d & (d - 1) or d > 1024:
+        return guards.reject("no_fused_kernel", f"head dim {d}: the kernel takes a power of two up to 1024")
+    for t in (cos, sin):  # statically_known_true: B and S may be symbolic (dynamic=True)
+        table_ok = t.dim() == 3 and t.dtype == x.dtype and t.shape[-1] == d
+        table_ok = table_ok and statically_known_true(t.shape[1] == x.shape[1])
+        batch_ok = statically_known_true(t.shape[0] == 1) or statically_known_true(t.shape[0] == x.shape[0])
+        if not (table_ok and batch_ok):
+            return guards.reject("no_fused_kernel", f"RoPE table {tuple(t.shape)} {t.dtype} is not [B or 1, S, D] "
+                                 "of the activation dtype")  # fmt: skip
+    return guards.OK
+
+
+def rewrite(graph: Graph, q: tuple[Node, dict], k: tuple[Node, dict]) -> str:
+    """One ``rms_norm_rope`` for the pair, its outputs where the two RoPE adds were; then a stable topological
+    sort (k's input may be defined after q's RoPE users)."""
+    (qn, qc), (kn, kc) = q, k
+    detail = f"q {list(_graph.val(qn.args[0]).shape)} and k {list(_graph.val(kn.args[0]).shape)} in one launch"
+    first_use = min((u for c in (qc, kc) for u in c["out"].users), key=_position(graph), default=None)
+    with _graph.Edit(graph, before=first_use if first_use is not None else graph.output_node()) as e:
+        fused = e.call(FUSED, qn.args[0], qn.args[1], kn.args[0], kn.args[1], float(qn.args[2]), qc["cos"],
+                       qc["sin"])  # fmt: skip
+        outs = [e.call(operator.getitem, fused, i) for i in (0, 1)]
+    for chain, out in zip((qc, kc), outs):
+        chain["out"].replace_all_uses_with(out)
+    _graph.erase_dead(graph, [qc["out"], kc["out"]])
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    stable_topological_sort(graph)
+    return detail
+
+
+def _position(graph: Graph):
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: order[n]
+
+
+def run(graph: Graph, report) -> None:
+    groups: dict[tuple, list[tuple[Node, dict]]] = {}
+    for norm in [n for n in graph.nodes if _is(n, RMS_NORM)]:
+        chain = rope_chain(norm)
+        if chain is None:
+            continue  # not a norm before RoPE: inline_norm's
+        shapes, dtype = _graph.shape_str(x=norm.args[0]), _graph.dtype_str(norm.args[0])
+        verdict = _check(norm, chain)
+        if not verdict.ok:
+            report.reject(NAME, norm.name, verdict.reason, verdict.detail, shapes, dtype)
+            continue
+        key = (chain["cos"], chain["sin"], norm.args[2])  # one table pair: one B and S (checked against x above)
+        groups.setdefault(key, []).append((norm, chain))
+    for sites in groups.values():
+        for i in range(0, len(sites) - 1, 2):
+            q, k = sites[i], sites[i + 1]
+            shapes, dtype = _graph.shape_str(q=q[0].args[0], k=k[0].args[0]), _graph.dtype_str(q[0].args[0])
+            try:
+                detail = rewrite(graph, q, k)
+            except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
+                report.error(NAME, q[0].name, f"replacement raised {type(e).__name__}: {e}")
+                continue
+            report.apply(NAME, q[0].name, shapes, dtype, detail)
+        if len(sites) % 2:
+            norm = sites[-1][0]
+            report.reject(NAME, norm.name, "no_norm_rope_pair", "no second norm + RoPE on the same cos / sin: "
+                          "left to inline_norm", _graph.shape_str(x=norm.args[0]), _graph.dtype_str(norm.args[0]))

@@ -1,0 +1,122 @@
+"""norm_rope: Qwen3's q / k norm ops and the RoPE after each become one ``rms_norm_rope`` (off by default)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from pattern_helpers import FUSIONS_ONLY, capture, count, run_pass
+
+from fp8_fusion_pass import report as report_mod
+from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.fusion_pass import FP8FusionPass
+from fp8_fusion_pass.kernels import reference
+from fp8_fusion_pass.models import build_model, example_inputs
+from fp8_fusion_pass.models.engine import _rope
+
+ops = torch.ops.fp8_fusion
+LAYERS = 2
+NORM_ROPE = dataclasses.replace(FUSIONS_ONLY, norm_rope=True)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    m = build_model("qwen3-tiny", form="engine", layers=LAYERS)
+    inputs = example_inputs(m, 2, 5)
+    (gm,) = capture(m, *inputs)
+    return m, inputs, gm
+
+
+def test_off_by_default(engine):
+    _, _, gm = engine
+    r, out = run_pass(gm, FusionConfig())
+    assert "norm_rope" not in r.counts() and count(out, ops.rms_norm_rope.default) == 0
+    assert r.counts()["inline_norm"] == 2 * LAYERS + 1  # the q / k norms go to Inductor as before
+
+
+def test_each_layers_q_and_k_share_one_launch(engine):
+    _, _, gm = engine
+    r, out = run_pass(gm, NORM_ROPE)
+    assert r.counts()["norm_rope"] == LAYERS, r.render()
+    assert count(out, ops.rms_norm_rope.default) == LAYERS and count(out, ops.rms_norm.default) == 0
+    # nothing of the RoPE chains is left: no cat / neg of the rotate-half, no q / k norm
+    assert count(out, torch.ops.aten.cat.default) == 0 and count(out, torch.ops.aten.neg.default) == 0
+    assert not r.errors and "no_norm_rope_pair" not in r.rejection_reasons()
+    # with inline_norm on too (the defaults plus this switch), only the final norm is left for it
+    r, out = run_pass(gm, FusionConfig(norm_rope=True))
+    assert r.counts()["norm_rope"] == LAYERS and r.counts()["inline_norm"] == 1
+
+
+def test_symbolic_batch_and_length():
+    # dynamic=True: B and S symbolic; the table checks are static facts about them, and the op's fake takes them
+    m = build_model("qwen3-tiny", form="engine", layers=LAYERS)
+    (gm,) = capture(m, *example_inputs(m, 2, 5), dynamic=True)
+    r, out = run_pass(gm, NORM_ROPE)
+    assert r.counts()["norm_rope"] == LAYERS and not r.errors, r.render()
+    assert count(out, ops.rms_norm_rope.default) == LAYERS
+
+
+def test_whole_model_within_the_pass_bound(engine):
+    # compiled on the CPU: with the rewrite the q / k norms and RoPEs run as the op (its reference: eager's
+    # roundings), without it as Inductor's C++ code of the same ops; both against the eager model
+    import tolerances
+
+    m, inputs, _ = engine
+    outs = {}
+    with torch.no_grad():
+        for config in (FUSIONS_ONLY, NORM_ROPE):
+            torch._dynamo.reset()
+            report_mod.clear_reports()
+            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
+            outs[config.norm_rope] = torch.compile(m, options=opts)(*inputs)
+            assert report_mod.last_report().counts().get("norm_rope", 0) == (LAYERS if config.norm_rope else 0)
+        eager = m(*inputs)
+    torch._dynamo.reset()
+    plain_vs_eager = ((outs[False].float() - eager.float()).norm() / eager.float().norm()).item()
+    err = ((outs[True].float() - eager.float()).norm() / eager.float().norm()).item()
+    assert err <= tolerances.pass_vs_eager_bound(plain_vs_eager), (err, plain_vs_eager)
+
+
+def test_a_lone_chain_is_reported_and_left_to_inline_norm():
+    class OnlyQ(torch.nn.Module):  # a model that norms q but not k: nothing to pair with
+        def forward(self, q, k, w, cos, sin):
+            q = _rope(ops.rms_norm(q, w, 1e-6).transpose(1, 2), cos, sin)
+            return q, _rope(k.transpose(1, 2), cos, sin)
+
+    q, w, k, _, cos, sin = _tensors()
+    (gm,) = capture(OnlyQ(), q, k, w, cos, sin)
+    r, out = run_pass(gm, NORM_ROPE)
+    assert "norm_rope" not in r.counts() and r.rejection_reasons()["no_norm_rope_pair"] == 1, r.render()
+    assert count(out, ops.rms_norm.default) == 1
+
+
+def test_a_chain_the_kernel_cannot_take_is_named():
+    class Pair(torch.nn.Module):
+        def forward(self, q, k, wq, wk, cos, sin):
+            return (_rope(ops.rms_norm(q, wq, 1e-6).transpose(1, 2), cos, sin),
+                    _rope(ops.rms_norm(k, wk, 1e-6).transpose(1, 2), cos, sin))  # fmt: skip
+
+    q, wq, k, wk, cos, sin = _tensors(d=96)  # even, not a power of two
+    (gm,) = capture(Pair(), q, k, wq, wk, cos, sin)
+    r, _ = run_pass(gm, NORM_ROPE)
+    assert "norm_rope" not in r.counts() and r.rejection_reasons()["no_fused_kernel"] == 2, r.render()
+    q, wq, k, wk, cos, sin = _tensors()
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    opts = {"post_grad_custom_post_pass": FP8FusionPass(NORM_ROPE), "fx_graph_cache": False}
+    with torch.no_grad():
+        got = torch.compile(Pair(), options=opts)(q, k, wq, wk, cos, sin)
+    torch._dynamo.reset()
+    assert report_mod.last_report().counts()["norm_rope"] == 1
+    want = reference.rms_norm_rope(q, wq, k, wk, 1e-6, cos, sin)  # the op's CPU implementation: bit for bit
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def _tensors(b=2, s=3, hq=4, hk=2, d=64):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, s, hq, d, generator=g).bfloat16()
+    k = torch.randn(b, s, hk, d, generator=g).bfloat16()
+    wq, wk = ((torch.rand(d, generator=g) + 0.5).bfloat16() for _ in range(2))
+    emb = torch.randn(b, s, d, generator=g)
+    return q, wq, k, wk, emb.cos().bfloat16(), emb.sin().bfloat16()
