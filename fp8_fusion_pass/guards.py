@@ -37,7 +37,8 @@ REASONS = {
     "eps_graph_input": "eps became a runtime graph input (dynamic=True lifts Python floats); the fused op needs it",
     "unrecognized_spelling": "looks like a norm / silu but its graph spelling matches no registered pattern",
     "inline_changes_output": "inline_norm: the aten ops would not stand in for the op's outputs one for one",
-    "operand_defined_later": "group_gemm: a weight or scale is computed after the group's first GEMM",
+    "operand_defined_later": "group_gemm: a weight or scale is computed after the group's first GEMM; norm_rope: "
+                             "an input of the q / k pair is computed from one of their outputs",
     "no_norm_rope_pair": "norm_rope: a q / k norm + RoPE with no second one on the same cos / sin to share a launch",
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",

@@ -74,7 +74,7 @@ def rope_chain(norm: Node) -> dict | None:
     for u in p.users:
         if _is(u, aten.mul.Tensor):
             mul_cos = u
-        elif _is(u, aten.slice.Tensor) and u.args[1] in (3, -1) and u.args[0] is p:
+        elif _is(u, aten.slice.Tensor) and u.args[1] in (3, -1) and u.args[0] is p and (list(u.args[4:]) or [1]) == [1]:
             start, end = (list(u.args[2:4]) + [None, None])[:2]
             if start == half and end in (None, _END, 2 * half):
                 hi = u
@@ -120,6 +120,21 @@ def _check(norm: Node, chain: dict) -> guards.Verdict:
     return guards.OK
 
 
+def _inputs_precede(q: tuple[Node, dict], k: tuple[Node, dict]) -> bool:
+    """None of the fused op's inputs is computed from either RoPE's output: one op for both cannot then close a
+    cycle (a model whose k depends on its q's attention, say), whatever the graph order."""
+    inputs = {q[0].args[0], q[0].args[1], k[0].args[0], k[0].args[1], q[1]["cos"], q[1]["sin"]}
+    seen, todo = set(), [q[1]["out"], k[1]["out"]]
+    while todo:
+        n = todo.pop()
+        if n in inputs:
+            return False
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.users)
+    return True
+
+
 def rewrite(graph: Graph, q: tuple[Node, dict], k: tuple[Node, dict]) -> str:
     """One ``rms_norm_rope`` for the pair, its outputs where the two RoPE adds were; then a stable topological
     sort (k's input may be defined after q's RoPE users)."""
@@ -161,6 +176,10 @@ def run(graph: Graph, report) -> None:
         for i in range(0, len(sites) - 1, 2):
             q, k = sites[i], sites[i + 1]
             shapes, dtype = _graph.shape_str(q=q[0].args[0], k=k[0].args[0]), _graph.dtype_str(q[0].args[0])
+            if not _inputs_precede(q, k):
+                report.reject(NAME, q[0].name, "operand_defined_later", "an input of the pair is computed from one "
+                              "of their RoPE outputs: the two stay apart", shapes, dtype)  # fmt: skip
+                continue
             try:
                 detail = rewrite(graph, q, k)
             except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match

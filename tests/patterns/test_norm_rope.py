@@ -113,6 +113,20 @@ def test_a_chain_the_kernel_cannot_take_is_named():
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+def test_a_pair_whose_k_reads_its_q_stays_apart():
+    class Tangled(torch.nn.Module):  # k's activation is computed from q's RoPE output: one op would be a cycle
+        def forward(self, q, k, wq, wk, cos, sin):
+            q_out = _rope(ops.rms_norm(q, wq, 1e-6).transpose(1, 2), cos, sin)
+            k = k + q_out.transpose(1, 2)[:, :, : k.shape[2]]
+            return q_out, _rope(ops.rms_norm(k, wk, 1e-6).transpose(1, 2), cos, sin)
+
+    q, wq, k, wk, cos, sin = _tensors()
+    (gm,) = capture(Tangled(), q, k, wq, wk, cos, sin)
+    r, out = run_pass(gm, NORM_ROPE)  # run_pass lints the graph: still valid and ordered
+    assert "norm_rope" not in r.counts() and r.rejection_reasons()["operand_defined_later"] == 1, r.render()
+    assert count(out, ops.rms_norm.default) == 2 and not r.errors
+
+
 def _tensors(b=2, s=3, hq=4, hk=2, d=64):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(b, s, hq, d, generator=g).bfloat16()
