@@ -27,6 +27,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -108,6 +109,7 @@ def _check(norm: Node, chain: dict) -> guards.Verdict:
     verdict = guards.first_failure(lambda: guards.can_eps(norm.args[2]), lambda: guards.can_dtype(x))
     if not verdict.ok:
         return verdict
+    # kernels/triton/rms_norm_rope.unsupported's rule, restated: the pass must not import Triton
     if d & (d - 1) or d > 1024:
         return guards.reject("no_fused_kernel", f"head dim {d}: the kernel takes a power of two up to 1024")
     for t in (cos, sin):  # statically_known_true: B and S may be symbolic (dynamic=True)
@@ -148,8 +150,6 @@ def rewrite(graph: Graph, q: tuple[Node, dict], k: tuple[Node, dict]) -> str:
     for chain, out in zip((qc, kc), outs):
         chain["out"].replace_all_uses_with(out)
     _graph.erase_dead(graph, [qc["out"], kc["out"]])
-    from torch._inductor.pattern_matcher import stable_topological_sort
-
     stable_topological_sort(graph)
     return detail
 

@@ -492,13 +492,19 @@ def _tma_ready(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
+def tma_usable(cfg: SmallMConfig, *tensors: torch.Tensor) -> bool:
+    """``cfg`` asks for TMA tiles, the device has TMA (or the interpreter runs), and a descriptor can address each
+    of ``tensors``: the test both small-M kernels make before building their descriptors."""
+    has_tma = _arch.triton_interpreting() or _arch.arch_of(tensors[0].device).tma
+    return cfg.tma and has_tma and all(_tma_ready(t) for t in tensors)
+
+
 def _descriptors(a, groups, cfg: SmallMConfig, block_m: int, block_k: int, quant_a: bool):
     """The TMA descriptors of the activation and the weight for ``cfg.tma``, or ``(a, weight)`` where the launch
     cannot take them (a GPU without TMA, several weights, a bf16 input, a layout TMA cannot address): the
     kernel then loads the same tiles through pointers, with the same result bit for bit."""
     w = groups[0][0]
-    has_tma = _arch.triton_interpreting() or _arch.arch_of(a.device).tma
-    if not (cfg.tma and has_tma) or quant_a or len(groups) != 1 or not (_tma_ready(a) and _tma_ready(w)):
+    if quant_a or len(groups) != 1 or not tma_usable(cfg, a, w):
         return a, w
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k]),
             TensorDescriptor(w, list(w.shape), list(w.stride()), [cfg.block_n, block_k]))  # fmt: skip

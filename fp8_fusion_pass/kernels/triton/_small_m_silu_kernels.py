@@ -56,10 +56,10 @@ from ._small_m_kernels import (
     _last_split,
     _scales,
     _sum_partials,
-    _tma_ready,
     small_m_block_m,
     split_plan,
     tile_counters,
+    tma_usable,
 )
 from .silu_and_mul import _silu
 
@@ -139,6 +139,7 @@ def _k_loop_pair(g_desc, u_desc, gs_ptrs, us_ptrs, x_desc, xs_ptrs, kt_start, kt
     tile (gate rows on top of up rows) becomes two tiles and two MMAs per K step on one activation tile: the same
     products summed in the same order per output, the same promotion (``(dot * w_s) * x_s``), scales a tile ahead.
     Rows past ``I`` read as zeros (their outputs are masked)."""
+    # the up rows share the activation's scales: _scales with QUANT_A True loads only their weight scales
     g_next, x_next = _scales(gs_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, False)
     u_next, _ = _scales(us_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, True)
     gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -254,8 +255,7 @@ def _descriptors(q, w_gate, w_up, config: SmallMConfig, block_m: int, block_k: i
     """TMA descriptors of ``q``, gate and up for ``config.tma``, or the tensors themselves where the launch
     cannot take them (no TMA on this GPU, a layout TMA cannot address): then the tiles load through pointers,
     with the same result bit for bit."""
-    has_tma = _arch.triton_interpreting() or _arch.arch_of(q.device).tma
-    if not (config.tma and has_tma and all(_tma_ready(t) for t in (q, w_gate, w_up))):
+    if not tma_usable(config, q, w_gate, w_up):
         return q, w_gate, w_up
     weights = [TensorDescriptor(w, list(w.shape), list(w.stride()), [config.block_n, block_k]) for w in (w_gate, w_up)]
     return TensorDescriptor(q, list(q.shape), list(q.stride()), [block_m, block_k]), *weights
