@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import gc
 import os
+import re
 import statistics
 import sys
 import time
@@ -63,27 +64,44 @@ def log(msg: str) -> None:
     print(f"[decode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def compile_step(fn, with_pass: bool):
-    options = {"triton.cudagraphs": True, **INDUCTOR_OPTIONS}
-    if with_pass:
-        options["post_grad_custom_post_pass"] = FP8FusionPass(PASS_CONFIG)
-    return torch.compile(fn, options=options, dynamic=False)
+def compile_step(fn, config: FusionConfig | None):
+    """``torch.compile`` of ``fn`` with the pass under ``config`` (None: without the pass)."""
+    return torch.compile(fn, options={"triton.cudagraphs": True, **pass_options(config)}, dynamic=False)
 
 
-# The pass's config for every "+pass" variant (``--without`` switches rewrites off, ``--with`` on).
+# The pass's config for every "+pass" variant (``--without`` switches rewrites off).
 PASS_CONFIG = FusionConfig()
 
 
-def pass_config(without: str, with_: str = "") -> FusionConfig:
-    """The default config with the comma-separated rewrites of ``--without`` switched off and those of
-    ``--with`` (rewrites off by default, such as norm_rope) switched on."""
+def pass_config(without: str) -> FusionConfig:
+    """The default config with the comma-separated rewrites of ``--without`` switched off."""
     try:
-        config = FusionConfig.without(without)
-        wanted = FusionConfig.only(with_) if with_.strip() else None
+        return FusionConfig.without(without)
     except ValueError as e:
-        raise SystemExit(f"--without / --with: {e}") from None
-    on = [f for f in FUSIONS if wanted is not None and getattr(wanted, f)]
-    return dataclasses.replace(config, **dict.fromkeys(on, True))
+        raise SystemExit(f"--without: {e}") from None
+
+
+def variant_config(variant: str) -> FusionConfig | None:
+    """The pass's config for a variant label: ``block`` / ``bf16`` -> None (no pass), ``block+pass`` ->
+    ``PASS_CONFIG``, and ``block+pass`` followed by ``+REWRITE`` / ``-REWRITE`` items (``--also``) -> ``PASS_CONFIG``
+    with those rewrites switched on / off: ``block+pass-norm_rope``. So one run compares the default pass with a
+    candidate change on the same baseline."""
+    scheme, sep, rest = variant.partition("+")
+    if not sep:
+        return None
+    changes = re.findall(r"([+-])([a-z_]+)", rest.removeprefix("pass"))
+    if not rest.startswith("pass") or "".join(sign + name for sign, name in changes) != rest.removeprefix("pass"):
+        raise SystemExit(f"variant {variant!r}: expected {scheme}+pass, then +REWRITE / -REWRITE items")
+    unknown = [name for _, name in changes if name not in FUSIONS]
+    if unknown:
+        raise SystemExit(f"variant {variant!r}: unknown fusion(s) {unknown}; known: {', '.join(FUSIONS)}")
+    return dataclasses.replace(PASS_CONFIG, **{name: sign == "+" for sign, name in changes})
+
+
+def also_variant(spec: str) -> list[str]:
+    """``--also "-norm_rope,+x"`` -> ``["block+pass-norm_rope+x"]`` (a name without a sign switches it on)."""
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    return ["block+pass" + "".join(item if item[0] in "+-" else "+" + item for item in items)] if items else []
 
 
 # Inductor options for every compile of a run, with the pass and without (``--inductor``): an A/B of the pass
@@ -113,17 +131,18 @@ def inductor_options(spec: str) -> dict:
     return options
 
 
-def pass_options(with_pass: bool) -> dict:
-    return {**INDUCTOR_OPTIONS, **({"post_grad_custom_post_pass": FP8FusionPass(PASS_CONFIG)} if with_pass else {})}
+def pass_options(config: FusionConfig | None) -> dict:
+    """Inductor options of one compile: the run's ``--inductor`` ones, and the pass under ``config`` unless None."""
+    return {**INDUCTOR_OPTIONS, **({"post_grad_custom_post_pass": FP8FusionPass(config)} if config else {})}
 
 
-def compile_regions(model, with_pass: bool) -> None:
+def compile_regions(model, config: FusionConfig | None) -> None:
     """Compile every decoder layer in place as its own region (shared code: identical layers share a graph)."""
     # One graph per layer signature and batch; HF layers also specialise on their ``layer_idx``: room for all.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
     for layer in model.model.layers:
-        layer.compile(options=pass_options(with_pass), dynamic=False)
+        layer.compile(options=pass_options(config), dynamic=False)
 
 
 class _Call:
@@ -277,7 +296,7 @@ def fusion_summary(reports) -> dict:
     return {"graphs the pass ran on": len(ran), "served from the FX graph cache": len(reports) - len(ran), **counts}
 
 
-def bench_prefill(model, form: str, with_pass: bool, seq: int, steps: int, mode: str) -> float:
+def bench_prefill(model, form: str, config: FusionConfig | None, seq: int, steps: int, mode: str) -> float:
     ids = torch.randint(0, model.config.vocab_size, (1, seq), device=DEVICE)
     if form == "engine":
         fn = lambda i: model(i)  # noqa: E731
@@ -286,26 +305,26 @@ def bench_prefill(model, form: str, with_pass: bool, seq: int, steps: int, mode:
     if mode == "regional":
         graph, _ = capture(fn, (ids,))
         return time_replays(graph, steps)
-    ms, _ = time_steps(compile_step(fn, with_pass), (ids,), steps)
+    ms, _ = time_steps(compile_step(fn, config), (ids,), steps)
     return ms
 
 
-def time_decode(runner, with_pass: bool, steps: int, mode: str) -> tuple[float, torch.Tensor]:
+def time_decode(runner, config: FusionConfig | None, steps: int, mode: str) -> tuple[float, torch.Tensor]:
     if mode == "regional":
         graph, out = capture(runner.step_fn(), runner.args())
         ms = time_replays(graph, steps)
         logits = out.detach().float().clone()
         del graph
         return ms, logits
-    return time_steps(compile_step(runner.step_fn(), with_pass), runner.args(), steps)
+    return time_steps(compile_step(runner.step_fn(), config), runner.args(), steps)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (x - ref).norm().item() / ref.norm().item()
 
 
-def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logits, eager_logits):
-    label = f"{scheme}{'+pass' if with_pass else ''}"
+def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits):
+    scheme, config = label.split("+")[0], variant_config(label)
     log(f"{preset} {form} {label}: building")
     torch.manual_seed(0)
     model = build_model(preset, form=form, scheme=scheme, layers=args.layers, device=DEVICE)
@@ -313,7 +332,7 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
     report.clear_reports()
     torch._dynamo.reset()
     if args.compile == "regional":
-        compile_regions(model, with_pass)
+        compile_regions(model, config)
     for batch in args.batches:
         t0 = time.monotonic()
         runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context)
@@ -322,7 +341,7 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
             runner.reset()
             with torch.compiler.set_stance("force_eager"):
                 eager_logits[key] = runner.step_fn()(*runner.args()).detach().float().clone()
-        ms, logits = time_decode(runner, with_pass, args.steps, args.compile)
+        ms, logits = time_decode(runner, config, args.steps, args.compile)
         if args.compile == "regional":  # the compiled step's logits from the state the eager step started from
             runner.reset()
             logits = runner.step_fn()(*runner.args()).detach().float().clone()
@@ -341,11 +360,11 @@ def run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logit
         if args.compile == "full":
             torch._dynamo.reset()
         torch.cuda.empty_cache()
-    fused = fusion_summary(report.all_reports()) if with_pass else {}
+    fused = fusion_summary(report.all_reports()) if config else {}
     prefill_ms = None
     if args.prefill:
         log(f"{preset} {form} {label}: prefill {args.prefill}")
-        prefill_ms = bench_prefill(model, form, with_pass, args.prefill, max(3, args.steps // 5), args.compile)
+        prefill_ms = bench_prefill(model, form, config, args.prefill, max(3, args.steps // 5), args.compile)
     rows.append(dict(preset=preset, form=form, variant=label, batch=f"prefill {args.prefill}", ms=prefill_ms,
                      roofline_ms=None, err="", err_eager="", fused=fused))
     del model
@@ -366,7 +385,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
-    p.add_argument("--with", dest="with_", default="", help="rewrites off by default to switch on, e.g. norm_rope")
+    p.add_argument("--also", default="", metavar="[+-]REWRITE,...",
+                   help="one more variant, timed in the same run: the pass with these rewrites switched on (+) or "
+                        "off (-), e.g. --also=-norm_rope")
     p.add_argument("--without", default="",
                    help="rewrites the +pass variant runs without, e.g. inline_norm,group_gemm (FusionConfig names)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
@@ -382,9 +403,12 @@ def main(argv=None) -> int:
     DEVICE = "cpu" if args.dry_run else "cuda"
     engine.DECODE_ATTENTION = args.attention
     global PASS_CONFIG, INDUCTOR_OPTIONS
-    PASS_CONFIG = pass_config(args.without, args.with_)
+    PASS_CONFIG = pass_config(args.without)
     INDUCTOR_OPTIONS = inductor_options(args.inductor)
     args.batches = [int(b) for b in args.batches.split(",")]
+    variants = ["block", "block+pass", *also_variant(args.also), *([] if args.no_bf16 else ["bf16"])]
+    for label in variants:
+        variant_config(label)  # a misspelt --also exits here, not after the first variant's compiles
     torch.set_grad_enabled(False)
     bw = copy_bandwidth(dry_run=args.dry_run)
     device_name = "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name()
@@ -396,8 +420,8 @@ def main(argv=None) -> int:
         for form in args.forms.split(","):
             reference_logits: dict = {}
             eager_logits: dict = {}
-            for scheme, with_pass in (("block", False), ("block", True)) + (() if args.no_bf16 else (("bf16", False),)):
-                run_variant(preset, form, scheme, with_pass, args, bw, rows, reference_logits, eager_logits)
+            for label in variants:
+                run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits)
     print_table(rows)
     return 0
 
@@ -408,13 +432,13 @@ def print_table(rows: list[dict]) -> None:
     by_key = {(r["preset"], r["form"], r["variant"], str(r["batch"])): r for r in rows}
     table = []
     for (preset, form, variant, batch), r in by_key.items():
-        if variant != "block+pass":
+        if not variant.startswith("block+pass"):
             continue
         base = by_key.get((preset, form, "block", batch))
         bf16 = by_key.get((preset, form, "bf16", batch))
         ms = r["ms"]
         table.append([
-            preset, form, batch,
+            preset, form, variant.removeprefix("block+"), batch,
             f"{base['ms']:.3f}" if base and base["ms"] else "-",
             f"{ms:.3f}" if ms else "-",
             f"{base['ms'] / ms:.3f}x" if base and base["ms"] and ms else "-",
@@ -425,12 +449,13 @@ def print_table(rows: list[dict]) -> None:
             base.get("err_eager", "") if base else "",
             r.get("err_eager", ""),
         ])
-    print(tabulate(table, headers=["preset", "form", "batch", "fp8 ms", "fp8+pass ms", "pass speed-up",
+    print(tabulate(table, headers=["preset", "form", "pass", "batch", "fp8 ms", "fp8+pass ms", "pass speed-up",
                                    "bf16 ms", "vs bf16", "roofline ms", "pass vs no pass", "fp8 vs eager",
                                    "fp8+pass vs eager"]))
     for r in rows:
         if r.get("fused"):
-            print(f"fused ({r['preset']} {r['form']}): {r['fused']}")
+            extra = "" if r["variant"] == "block+pass" else f" {r['variant']}"
+            print(f"fused ({r['preset']} {r['form']}{extra}): {r['fused']}")
 
 
 if __name__ == "__main__":

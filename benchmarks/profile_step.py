@@ -96,24 +96,25 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
-    p.add_argument("--variants", default="block,block+pass,bf16")
+    p.add_argument("--variants", default="block,block+pass,bf16",
+                   help="block, block+pass, bf16, or block+pass with +REWRITE / -REWRITE items (as decode.py --also): "
+                        "block+pass-norm_rope")
     p.add_argument("--without", default="", help="as decode.py --without")
-    p.add_argument("--with", dest="with_", default="", help="as decode.py --with")
     p.add_argument("--top", type=int, default=12, help="kernels listed per step, the longest first")
     p.add_argument("--inductor", default="", help="as decode.py --inductor")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
-    decode.PASS_CONFIG = decode.pass_config(args.without, args.with_)
+    decode.PASS_CONFIG = decode.pass_config(args.without)
     decode.INDUCTOR_OPTIONS = decode.inductor_options(args.inductor)
     torch.set_grad_enabled(False)
     summary = []
     for form in args.forms.split(","):
         for variant in args.variants.split(","):
-            scheme, with_pass = variant.split("+")[0], variant.endswith("+pass")
+            scheme, config = variant.split("+")[0], decode.variant_config(variant)
             torch.manual_seed(0)
             model = build_model(args.preset, form=form, scheme=scheme, layers=args.layers, device="cuda")
             torch._dynamo.reset()
-            compile_regions(model, with_pass)
+            compile_regions(model, config)
             for batch in (int(b) for b in args.batches.split(",")):
                 log(f"{form} {variant} batch {batch}")
                 runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64,

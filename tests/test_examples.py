@@ -102,10 +102,10 @@ def test_pass_only():
 def test_engine_model():
     out = run_example("engine_model.py")
     # merged qkv / gate_up: one quant per norm output already, so nothing to dedup or group; the q / k norms of
-    # both layers and the final norm have no quant consumer and are inlined
-    assert dicts_after("fused counts:", out) == [{"add_norm_quant": 3, "gemm_silu_quant": 2, "inline_norm": 5,
-                                                  "norm_quant": 1, "silu_quant": 2, "fills_stripped": 0, "fills_kept": 0,
-                                                  "rejected": 9, "errors": 0}]
+    # each layer have no quant consumer and go with their RoPE into one rms_norm_rope; the final norm is inlined
+    assert dicts_after("fused counts:", out) == [{"add_norm_quant": 3, "gemm_silu_quant": 2, "inline_norm": 1,
+                                                  "norm_quant": 1, "norm_rope": 2, "silu_quant": 2, "fills_stripped": 0,
+                                                  "fills_kept": 0, "rejected": 9, "errors": 0}]
     assert "qkv_proj BlockFP8Linear(in_features=256, out_features=1024" in out
     check_errors_small(out, 1)
 
@@ -118,8 +118,9 @@ def test_per_tensor_zero_fill():
     assert len(re.findall(r"^  stripped full_default\S*: consumer fp8_fusion::dynamic_per_tensor_quant\(scale\) "
                           r"overwrites it$", out, flags=re.MULTILINE)) == 4
     assert len(re.findall(r"^  kept full_default\S*: fill_accumulating_op ", out, flags=re.MULTILINE)) == 4
-    # a per-tensor quant is no group quant: nothing for the norm / silu fusions; the norms are inlined instead
-    assert "fused [inline_norm=5]" in out
+    # a per-tensor quant is no group quant: nothing for the norm / silu fusions; the q / k norms go with their RoPE
+    # into one rms_norm_rope, and the other norms are inlined
+    assert "fused [inline_norm=3, norm_rope=1]" in out
     check_errors_small(out, 2)
 
 

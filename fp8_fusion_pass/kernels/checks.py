@@ -12,14 +12,16 @@ FLOAT_ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-def activation(op: str, name: str, x: torch.Tensor) -> None:
+def activation(op: str, name: str, x: torch.Tensor, any_strides: bool = False) -> None:
+    """A float activation with a non-empty last dim, contiguous there unless ``any_strides`` (a kernel that takes
+    every stride: Inductor may hand an op's fake any layout at lowering, so a layout check there is a crash)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_ACTIVATIONS:
         raise TypeError(f"{op}: {name} must be bf16, fp16 or fp32, got {x.dtype}")
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"{op}: {name} must have a non-empty last dim, got shape {tuple(x.shape)}")
-    if x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
+    if not any_strides and x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
         raise ValueError(f"{op}: {name} must be contiguous in its last dim, got strides {tuple(x.stride())}")
 
 

@@ -29,7 +29,7 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("norm_quant", "norm_quant", "norm_quant", "rms_norm_group_quant", False),
     # silu(gate) * up -> [reshape] -> group_quant -> blockscale_mm  ->  silu_mul_group_quant
     Fusion("silu_quant", "silu_quant", "silu_quant", "silu_mul_group_quant", True),
-    # rms_norm -> permute -> rotate-half RoPE, for q and for k on one cos / sin  ->  one rms_norm_rope (off by default)
+    # rms_norm -> permute -> rotate-half RoPE, for q and for k on one cos / sin  ->  one rms_norm_rope
     Fusion("norm_rope", "norm_rope", "norm_rope", "rms_norm_rope", False),
     # rms_norm / add_rms_norm with no quant consumer (left after the fusions)  ->  its aten ops
     Fusion("inline_norm", "inline_norm", "inline_norm", None, False),

@@ -1,6 +1,6 @@
 """Qwen3's per-head q / k norms and the RoPE after each: both tensors in one op.
 
-    before (engine-form Qwen3 attention; the norms have no quant consumer)
+    before (Qwen3 attention; the norms have no quant consumer; rms_norm is the op or HF's plain torch)
     q = rms_norm(view(q, [B, S, Hq, D]), w_q, eps) -> permute(0, 2, 1, 3) -> q * cos + rotate_half(q) * sin
     k = rms_norm(view(k, [B, S, Hk, D]), w_k, eps) -> permute(0, 2, 1, 3) -> k * cos + rotate_half(k) * sin
 
@@ -9,21 +9,30 @@
 
 With ``inline_norm`` alone Inductor fuses each norm into its RoPE kernel: two launches per layer, the k one with
 the k-cache write (``kernels/triton/rms_norm_rope.py`` has the H200 figures). Here one launch does both norms
-and both RoPEs, and the two cache writes are left to Inductor. **Off by default** (``FusionConfig.norm_rope``):
-not yet measured on a GPU. Not bit-exact against Inductor's fusion (which keeps the RoPE in fp32; this op rounds
-each step as eager does), so deterministic mode keeps it off.
+and both RoPEs, and the two cache writes are left to Inductor (still two launches: they did not merge). On the
+H200 (``docs/benchmarks.md``, "The q / k norms and RoPE in one launch") it took 0.8-2.4% off a Qwen3-8B decode
+step and brought its logits closer to eager's; with Inductor's ``combo_kernels=True`` it lost 1.5%. On by
+default. Not bit-exact against Inductor's fusion (which keeps the RoPE in fp32; this op rounds each step as
+eager does), so deterministic mode keeps it off.
+
+The norm is the ``fp8_fusion.rms_norm`` op (engine-style code) or transformers' ``Qwen3RMSNorm`` in plain torch,
+found with ``norm_quant``'s traced ``torch`` form (every torch version's spelling). The HF form was measured
+only once on the GPU, before the op took any stride: Inductor handed it HF's D-strided cos, the op's fake refused
+it and the compile failed. The kernel now reads any strides of every input.
 
 The RoPE is matched as ``reference.rope`` (HF ``apply_rotary_pos_emb``) reads after decomposition: the norm's
 only user is ``permute(0, 2, 1, 3)``; its users are ``mul(p, unsqueeze(cos, 1))`` and the two halves
 ``slice(p, 3, D/2, end)`` -> ``neg`` and ``slice(p, 3, 0, D/2)``, joined by ``cat(-1)``, times ``unsqueeze(sin,
 1)``, and the ``add`` of the two products (either operand order). Chains sharing one cos, sin and eps pair up
 in graph order, q / k as they come; a chain left without a partner is reported (``no_norm_rope_pair``) and left
-to ``inline_norm``. Guards: the switch and deterministic mode; bf16; x ``[B, S, H, D]`` with D a power of two
+as it is (``inline_norm`` takes an op). Guards: the switch and deterministic mode; bf16; x ``[B, S, H, D]`` with D a power of two
 (``no_fused_kernel`` otherwise: the kernel's one tile per row); cos / sin ``[B or 1, S, D]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import operator
 
 import torch
@@ -61,14 +70,48 @@ def _other(pair, node):
     return b if a is node else a if b is node else None
 
 
-def rope_chain(norm: Node) -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class Norm:
+    """One RMSNorm in the graph: its output node and its (x, w, eps), whichever way it is spelled."""
+
+    out: Node  # the fp8_fusion.rms_norm node, or the last mul of HF's plain-torch norm
+    x: Node
+    w: Node
+    eps: object
+
+
+@functools.cache
+def _hf_patterns() -> tuple:
+    """HF's ``Qwen3RMSNorm`` as the post-grad graph spells it (every torch version's spelling): norm_quant's
+    ``torch`` form, traced from ``reference.rms_norm``."""
+    from .norm_quant import FORMS
+
+    return tuple(p for form in FORMS["norm_quant"] if form.name == "torch" for p in form.patterns())
+
+
+def norms(graph: Graph) -> list[Norm]:
+    """Every ``fp8_fusion.rms_norm`` op and every HF plain-torch RMSNorm in ``graph``, in graph order."""
+    out = []
+    for n in graph.nodes:
+        if _is(n, RMS_NORM):
+            out.append(Norm(n, n.args[0], n.args[1], n.args[2]))
+        elif _is(n, aten.mul.Tensor):
+            for pattern in _hf_patterns():
+                m = pattern.match(n)
+                if m:  # a FailedMatch is falsy
+                    out.append(Norm(n, m.kwargs["x"], m.kwargs["w"], m.kwargs["eps"]))
+                    break
+    return out
+
+
+def rope_chain(norm: Norm) -> dict | None:
     """The RoPE after ``norm`` as ``reference.rope`` traces (module docstring), or None: ``{"out": the add,
     "cos", "sin": the tables, "nodes": every node of the chain}``."""
-    x = _graph.val(norm.args[0])
+    x = _graph.val(norm.x)
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or not isinstance(x.shape[-1], int):
         return None
     half = x.shape[-1] // 2
-    p = _only_user(norm)
+    p = _only_user(norm.out)
     if not _is(p, aten.permute.default) or list(p.args[1]) != [0, 2, 1, 3] or len(p.users) != 3:
         return None
     mul_cos = hi = lo = None
@@ -99,14 +142,14 @@ def rope_chain(norm: Node) -> dict | None:
         return None
     if {add.args[0], add.args[1]} != {mul_cos, mul_sin} or add.kwargs.get("alpha", 1) != 1:
         return None
-    nodes = [norm, p, mul_cos, hi, lo, neg, cat, mul_sin, add]
+    nodes = [norm.out, p, mul_cos, hi, lo, neg, cat, mul_sin, add]
     return {"out": add, "cos": cos, "sin": sin, "nodes": nodes}
 
 
-def _check(norm: Node, chain: dict) -> guards.Verdict:
-    x, cos, sin = (_graph.val(n) for n in (norm.args[0], chain["cos"], chain["sin"]))
+def _check(norm: Norm, chain: dict) -> guards.Verdict:
+    x, cos, sin = (_graph.val(n) for n in (norm.x, chain["cos"], chain["sin"]))
     d = x.shape[-1]
-    verdict = guards.first_failure(lambda: guards.can_eps(norm.args[2]), lambda: guards.can_dtype(x))
+    verdict = guards.first_failure(lambda: guards.can_eps(norm.eps), lambda: guards.can_dtype(x))
     if not verdict.ok:
         return verdict
     # kernels/triton/rms_norm_rope.unsupported's rule, restated: the pass must not import Triton
@@ -122,10 +165,10 @@ def _check(norm: Node, chain: dict) -> guards.Verdict:
     return guards.OK
 
 
-def _inputs_precede(q: tuple[Node, dict], k: tuple[Node, dict]) -> bool:
+def _inputs_precede(q: tuple[Norm, dict], k: tuple[Norm, dict]) -> bool:
     """None of the fused op's inputs is computed from either RoPE's output: one op for both cannot then close a
     cycle (a model whose k depends on its q's attention, say), whatever the graph order."""
-    inputs = {q[0].args[0], q[0].args[1], k[0].args[0], k[0].args[1], q[1]["cos"], q[1]["sin"]}
+    inputs = {q[0].x, q[0].w, k[0].x, k[0].w, q[1]["cos"], q[1]["sin"]}
     seen, todo = set(), [q[1]["out"], k[1]["out"]]
     while todo:
         n = todo.pop()
@@ -137,15 +180,14 @@ def _inputs_precede(q: tuple[Node, dict], k: tuple[Node, dict]) -> bool:
     return True
 
 
-def rewrite(graph: Graph, q: tuple[Node, dict], k: tuple[Node, dict]) -> str:
+def rewrite(graph: Graph, q: tuple[Norm, dict], k: tuple[Norm, dict]) -> str:
     """One ``rms_norm_rope`` for the pair, its outputs where the two RoPE adds were; then a stable topological
     sort (k's input may be defined after q's RoPE users)."""
     (qn, qc), (kn, kc) = q, k
-    detail = f"q {list(_graph.val(qn.args[0]).shape)} and k {list(_graph.val(kn.args[0]).shape)} in one launch"
+    detail = f"q {list(_graph.val(qn.x).shape)} and k {list(_graph.val(kn.x).shape)} in one launch"
     first_use = min((u for c in (qc, kc) for u in c["out"].users), key=_position(graph), default=None)
     with _graph.Edit(graph, before=first_use if first_use is not None else graph.output_node()) as e:
-        fused = e.call(FUSED, qn.args[0], qn.args[1], kn.args[0], kn.args[1], float(qn.args[2]), qc["cos"],
-                       qc["sin"])  # fmt: skip
+        fused = e.call(FUSED, qn.x, qn.w, kn.x, kn.w, float(qn.eps), qc["cos"], qc["sin"])
         outs = [e.call(operator.getitem, fused, i) for i in (0, 1)]
     for chain, out in zip((qc, kc), outs):
         chain["out"].replace_all_uses_with(out)
@@ -160,33 +202,33 @@ def _position(graph: Graph):
 
 
 def run(graph: Graph, report) -> None:
-    groups: dict[tuple, list[tuple[Node, dict]]] = {}
-    for norm in [n for n in graph.nodes if _is(n, RMS_NORM)]:
+    groups: dict[tuple, list[tuple[Norm, dict]]] = {}
+    for norm in norms(graph):
         chain = rope_chain(norm)
         if chain is None:
-            continue  # not a norm before RoPE: inline_norm's
-        shapes, dtype = _graph.shape_str(x=norm.args[0]), _graph.dtype_str(norm.args[0])
+            continue  # not a norm before RoPE: inline_norm's (an op) or Inductor's (HF's plain torch)
+        shapes, dtype = _graph.shape_str(x=norm.x), _graph.dtype_str(norm.x)
         verdict = _check(norm, chain)
         if not verdict.ok:
-            report.reject(NAME, norm.name, verdict.reason, verdict.detail, shapes, dtype)
+            report.reject(NAME, norm.out.name, verdict.reason, verdict.detail, shapes, dtype)
             continue
-        key = (chain["cos"], chain["sin"], norm.args[2])  # one table pair: one B and S (checked against x above)
+        key = (chain["cos"], chain["sin"], norm.eps)  # one table pair: one B and S (checked against x above)
         groups.setdefault(key, []).append((norm, chain))
     for sites in groups.values():
         for i in range(0, len(sites) - 1, 2):
             q, k = sites[i], sites[i + 1]
-            shapes, dtype = _graph.shape_str(q=q[0].args[0], k=k[0].args[0]), _graph.dtype_str(q[0].args[0])
+            shapes, dtype = _graph.shape_str(q=q[0].x, k=k[0].x), _graph.dtype_str(q[0].x)
             if not _inputs_precede(q, k):
-                report.reject(NAME, q[0].name, "operand_defined_later", "an input of the pair is computed from one "
-                              "of their RoPE outputs: the two stay apart", shapes, dtype)  # fmt: skip
+                report.reject(NAME, q[0].out.name, "operand_defined_later", "an input of the pair is computed from "
+                              "one of their RoPE outputs: the two stay apart", shapes, dtype)  # fmt: skip
                 continue
             try:
                 detail = rewrite(graph, q, k)
             except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-                report.error(NAME, q[0].name, f"replacement raised {type(e).__name__}: {e}")
+                report.error(NAME, q[0].out.name, f"replacement raised {type(e).__name__}: {e}")
                 continue
-            report.apply(NAME, q[0].name, shapes, dtype, detail)
+            report.apply(NAME, q[0].out.name, shapes, dtype, detail)
         if len(sites) % 2:
             norm = sites[-1][0]
-            report.reject(NAME, norm.name, "no_norm_rope_pair", "no second norm + RoPE on the same cos / sin: "
-                          "left to inline_norm", _graph.shape_str(x=norm.args[0]), _graph.dtype_str(norm.args[0]))
+            report.reject(NAME, norm.out.name, "no_norm_rope_pair", "no second norm + RoPE on the same cos / sin: "
+                          "left as it is (inline_norm takes an op)", _graph.shape_str(x=norm.x), _graph.dtype_str(norm.x))

@@ -59,6 +59,22 @@ def test_kernel_matches_reference_and_the_models_eager_code(b, s, hq, hk, d, sha
     assert torch.equal(engine_q.contiguous(), want[0])
 
 
+def test_tables_and_activations_strided_in_their_last_dim():
+    # transformers' rotary embedding builds the tables from a transposed matmul (freqs = (inv_freq @ positions)
+    # .transpose(1, 2), then cat, cos / sin). Eager on the CPU makes them contiguous again, but on the H200 Inductor
+    # handed HF's cos to the op as strides (S * D, 1, S), and the op's check refused them (a LoweringException at
+    # compile time). The kernel reads any table strides.
+    q, wq, k, wk, cos, sin = _inputs(2, 3, 4, 2, 64)
+    cos_t, sin_t = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (cos, sin))  # same values, D-strided
+    assert cos_t.stride() == (3 * 64, 1, 3) and torch.equal(cos_t, cos)
+    want = ref.rms_norm_rope(q, wq, k, wk, EPS, cos, sin)
+    assert all(torch.equal(g, w) for g, w in zip(_triton(q, wq, k, wk, EPS, cos_t, sin_t), want))
+    # q / k strided in D too (for the same reason: the op's fake must accept whatever layout Inductor passes)
+    q_t, k_t = (x.transpose(-1, -2).contiguous().transpose(-1, -2) for x in (q, k))
+    assert q_t.stride(-1) == 4 and k_t.stride(-1) == 2
+    assert all(torch.equal(g, w) for g, w in zip(_triton(q_t, wq, k_t, wk, EPS, cos_t, sin_t), want))
+
+
 def test_zero_and_nan_heads_stay_in_their_rows():
     q, wq, k, wk, cos, sin = _inputs(1, 2, 4, 2, 128)
     q, k = q.clone(), k.clone()

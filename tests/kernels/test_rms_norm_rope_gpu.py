@@ -36,11 +36,24 @@ def test_matches_reference_at_model_shapes(b, s, hq, hk):
     with backends.use_backend("triton"):
         got = OP(q, wq, k, wk, EPS, cos, sin)
     want = ref.rms_norm_rope(q, wq, k, wk, EPS, cos, sin)
-    for g, w in zip(got, want):
+    for g, w, x, wx in zip(got, want, (q, k), (wq, wk)):
         diff = (g.float() - w.float()).abs()
         assert g.shape == w.shape and g.is_contiguous()
-        # the same roundings step by step; only the sum of squares' order (and the GPU's rsqrt) may differ
-        assert (diff > 0).float().mean() <= 0.01 and torch.all(diff <= w.float().abs() * 2**-7 + 1e-30)
+        # The same roundings step by step; only rstd may differ by an ulp (the order of the sum of squares, and
+        # torch's CUDA rsqrt is not correctly rounded). Where that flips the rounding of x * rstd, each later
+        # rounding (w times it, the two RoPE products, their sum) may land one ulp away too, 2^-7 of its size in
+        # bf16: at most 4 * 2^-7 of the products' sizes, which is many ulps of the output when the two products
+        # cancel. Hence a bound on the products' sizes, and few outputs off at all.
+        assert (diff > 0).float().mean() <= 0.01, (diff > 0).float().mean()
+        assert torch.all(diff <= _product_sizes(x, wx, cos, sin) * 2**-5 + 1e-30)
+
+
+def _product_sizes(x, w, cos, sin):
+    """``|y * cos| + |rotate_half(y) * sin|`` per output, y the reference's normed x: [B, H, S, D] fp32."""
+    y = ref.rms_norm(x, w, EPS).transpose(1, 2).float()
+    d = y.shape[-1] // 2
+    y_rot = torch.cat((y[..., d:], y[..., :d]), dim=-1)
+    return y.abs() * cos.float().abs().unsqueeze(1) + y_rot.abs() * sin.float().abs().unsqueeze(1)
 
 
 def test_in_cuda_graph_replays():

@@ -171,8 +171,8 @@ SCRIPT = textwrap.dedent(
     # Qwen3's q / k norms and their RoPE in one launch (rms_norm_rope.py)
     from fp8_fusion_pass.kernels.triton import rms_norm_rope as nr
     ROPE = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")},
-            **{n: "i32" for n in ("S", "HQ", "HK", "n_q_rows", "n_rows", "sq_b", "sq_s", "sq_h", "sk_b", "sk_s",
-                                  "sk_h", "sc_b", "sc_s", "ss_b", "ss_s")}, "eps": "fp32"}
+            **{n: "i32" for n in ("S", "HQ", "HK", "n_q_rows", "n_rows", "sq_b", "sq_s", "sq_h", "sq_d", "sk_b",
+                                  "sk_s", "sk_h", "sk_d", "sc_b", "sc_s", "sc_d", "ss_b", "ss_s", "ss_d")}, "eps": "fp32"}
     out["rms_norm_rope"] = build(nr._rms_norm_rope_kernel, ROPE, dict(D=128, ROWS=nr.ROWS, EMULATE_CAST=False),
                                  nr.NUM_WARPS)
     RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 def dry_run(tmp_path_factory):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"), "--dry-run", "--presets", "qwen3-tiny",
            "--forms", "engine,hf", "--batches", "1", "--context", "16", "--prefill", "8", "--steps", "1",
-           "--layers", "2", "--no-bf16"]
+           "--layers", "2", "--no-bf16", "--also=-norm_rope"]
     # A fresh Inductor cache: graphs served from an earlier run's cache skip the pass, and its counts with it.
     env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -32,7 +32,7 @@ def dry_run(tmp_path_factory):
 
 def test_every_form_has_a_row_with_errors_against_eager(dry_run):
     rows = {m[0]: [float(x) for x in m[1:]] for m in re.findall(
-        r"^qwen3-tiny\s+(engine|hf)\s+1\s+\S+\s+\S+\s+\S+x\s+-\s+-\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)$", dry_run, re.M)}
+        r"^qwen3-tiny\s+(engine|hf)\s+pass\s+1\s+\S+\s+\S+\s+\S+x\s+-\s+-\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)$", dry_run, re.M)}
     assert set(rows) == {"engine", "hf"}, dry_run
     for form, (pass_vs_plain, plain_vs_eager, pass_vs_eager) in rows.items():
         assert 0 <= pass_vs_plain < 0.1 and 0 <= plain_vs_eager < 0.1 and 0 <= pass_vs_eager < 0.1, (form, dry_run)
@@ -40,8 +40,12 @@ def test_every_form_has_a_row_with_errors_against_eager(dry_run):
 
 def test_the_default_pass_runs_its_whole_graph_rewrites(dry_run):
     fused = dict(re.findall(r"^fused \(qwen3-tiny (engine|hf)\): (\{.*\})$", dry_run, re.M))
-    assert "'inline_norm': 4" in fused["engine"] and "'group_gemm'" not in fused["engine"], fused
+    assert "'norm_rope': 2" in fused["engine"] and "'group_gemm'" not in fused["engine"], fused
     assert "'group_gemm': 4" in fused["hf"] and "'errors': 0" in fused["hf"], fused
+    # --also=-norm_rope: the same pass with that rewrite off, in its own rows; the q / k norms go to inline_norm
+    also = dict(re.findall(r"^fused \(qwen3-tiny (engine|hf) block\+pass-norm_rope\): (\{.*\})$", dry_run, re.M))
+    assert "'inline_norm': 4" in also["engine"] and "'norm_rope'" not in also["engine"], also
+    assert re.search(r"^qwen3-tiny\s+engine\s+pass-norm_rope\s+1\s", dry_run, re.M), dry_run
 
 
 def test_without_switches_rewrites_off():
@@ -51,11 +55,21 @@ def test_without_switches_rewrites_off():
     assert not config.inline_norm and not config.group_gemm and config.norm_quant
     with pytest.raises(SystemExit, match="unknown fusion"):
         decode.pass_config("inline_norms")
-    config = decode.pass_config("inline_norm", "norm_rope")  # --with switches on what is off by default
-    assert config.norm_rope and not config.inline_norm and config.group_gemm
-    assert not decode.pass_config("").norm_rope
-    with pytest.raises(SystemExit, match="unknown fusion"):
-        decode.pass_config("", "norm_ropes")
+
+
+def test_variant_labels_name_their_config():
+    import decode
+
+    assert decode.variant_config("block") is None and decode.variant_config("bf16") is None
+    assert decode.variant_config("block+pass") == decode.PASS_CONFIG
+    config = decode.variant_config("block+pass-norm_rope+zero_fill-group_gemm")
+    assert not config.norm_rope and not config.group_gemm and config.zero_fill and config.inline_norm
+    assert decode.also_variant(" -norm_rope, quant_gemm") == ["block+pass-norm_rope+quant_gemm"]
+    assert decode.also_variant("") == []
+    for label, match in [("block+pass-norm_ropes", "unknown fusion"), ("block+pas", "expected block\\+pass"),
+                         ("block+pass norm_rope", "expected block\\+pass")]:
+        with pytest.raises(SystemExit, match=match):
+            decode.variant_config(label)
 
 
 def test_inductor_options_reach_both_compiles_or_exit_with_the_reason():
@@ -71,7 +85,7 @@ def test_inductor_options_reach_both_compiles_or_exit_with_the_reason():
     old = decode.INDUCTOR_OPTIONS
     try:
         decode.INDUCTOR_OPTIONS = {"combo_kernels": True}
-        without, with_pass = decode.pass_options(False), decode.pass_options(True)
+        without, with_pass = decode.pass_options(None), decode.pass_options(decode.PASS_CONFIG)
     finally:
         decode.INDUCTOR_OPTIONS = old
     assert without == {"combo_kernels": True}

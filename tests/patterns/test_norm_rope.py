@@ -1,4 +1,4 @@
-"""norm_rope: Qwen3's q / k norm ops and the RoPE after each become one ``rms_norm_rope`` (off by default)."""
+"""norm_rope: Qwen3's q / k norm ops and the RoPE after each become one ``rms_norm_rope`` (on by default)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ def engine():
     return m, inputs, gm
 
 
-def test_off_by_default(engine):
+def test_switched_off_the_norms_go_to_inline_norm(engine):
     _, _, gm = engine
-    r, out = run_pass(gm, FusionConfig())
+    r, out = run_pass(gm, FusionConfig(norm_rope=False))
     assert "norm_rope" not in r.counts() and count(out, ops.rms_norm_rope.default) == 0
-    assert r.counts()["inline_norm"] == 2 * LAYERS + 1  # the q / k norms go to Inductor as before
+    assert r.counts()["inline_norm"] == 2 * LAYERS + 1  # the q / k norms go to Inductor, fused into its RoPE
 
 
 def test_each_layers_q_and_k_share_one_launch(engine):
@@ -43,8 +43,8 @@ def test_each_layers_q_and_k_share_one_launch(engine):
     # nothing of the RoPE chains is left: no cat / neg of the rotate-half, no q / k norm
     assert count(out, torch.ops.aten.cat.default) == 0 and count(out, torch.ops.aten.neg.default) == 0
     assert not r.errors and "no_norm_rope_pair" not in r.rejection_reasons()
-    # with inline_norm on too (the defaults plus this switch), only the final norm is left for it
-    r, out = run_pass(gm, FusionConfig(norm_rope=True))
+    # the defaults (inline_norm on too): only the final norm is left for it
+    r, out = run_pass(gm, FusionConfig())
     assert r.counts()["norm_rope"] == LAYERS and r.counts()["inline_norm"] == 1
 
 
@@ -57,25 +57,34 @@ def test_symbolic_batch_and_length():
     assert count(out, ops.rms_norm_rope.default) == LAYERS
 
 
-def test_whole_model_within_the_pass_bound(engine):
+@pytest.mark.parametrize("form", ["engine", "hf"])
+def test_whole_model_within_the_pass_bound(engine, form):
     # compiled on the CPU: with the rewrite the q / k norms and RoPEs run as the op (its reference: eager's
     # roundings), without it as Inductor's C++ code of the same ops; both against the eager model
     import tolerances
 
-    m, inputs, _ = engine
+    if form == "engine":
+        m, inputs, _ = engine
+    else:
+        m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
+        inputs = example_inputs(m, 2, 5)
     outs = {}
     with torch.no_grad():
         for config in (FUSIONS_ONLY, NORM_ROPE):
             torch._dynamo.reset()
             report_mod.clear_reports()
             opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
-            outs[config.norm_rope] = torch.compile(m, options=opts)(*inputs)
+            outs[config.norm_rope] = _logits(torch.compile(m, options=opts)(*inputs))
             assert report_mod.last_report().counts().get("norm_rope", 0) == (LAYERS if config.norm_rope else 0)
-        eager = m(*inputs)
+        eager = _logits(m(*inputs))
     torch._dynamo.reset()
     plain_vs_eager = ((outs[False].float() - eager.float()).norm() / eager.float().norm()).item()
     err = ((outs[True].float() - eager.float()).norm() / eager.float().norm()).item()
     assert err <= tolerances.pass_vs_eager_bound(plain_vs_eager), (err, plain_vs_eager)
+
+
+def _logits(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out  # HF models return a CausalLMOutputWithPast
 
 
 def test_a_lone_chain_is_reported_and_left_to_inline_norm():
@@ -101,14 +110,20 @@ def test_a_chain_the_kernel_cannot_take_is_named():
     (gm,) = capture(Pair(), q, k, wq, wk, cos, sin)
     r, _ = run_pass(gm, NORM_ROPE)
     assert "norm_rope" not in r.counts() and r.rejection_reasons()["no_fused_kernel"] == 2, r.render()
+    _compiles_to_the_reference(Pair())
+
+
+def _compiles_to_the_reference(pair: torch.nn.Module) -> None:
+    """``pair`` (q / k norm + RoPE, either spelling) compiled with the rewrite is one op, bit for bit its CPU
+    reference."""
     q, wq, k, wk, cos, sin = _tensors()
     torch._dynamo.reset()
     report_mod.clear_reports()
     opts = {"post_grad_custom_post_pass": FP8FusionPass(NORM_ROPE), "fx_graph_cache": False}
     with torch.no_grad():
-        got = torch.compile(Pair(), options=opts)(q, k, wq, wk, cos, sin)
+        got = torch.compile(pair, options=opts)(q, k, wq, wk, cos, sin)
     torch._dynamo.reset()
-    assert report_mod.last_report().counts()["norm_rope"] == 1
+    assert report_mod.last_report().counts()["norm_rope"] == 1, report_mod.last_report().render()
     want = reference.rms_norm_rope(q, wq, k, wk, 1e-6, cos, sin)  # the op's CPU implementation: bit for bit
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
@@ -134,3 +149,26 @@ def _tensors(b=2, s=3, hq=4, hk=2, d=64):
     wq, wk = ((torch.rand(d, generator=g) + 0.5).bfloat16() for _ in range(2))
     emb = torch.randn(b, s, d, generator=g)
     return q, wq, k, wk, emb.cos().bfloat16(), emb.sin().bfloat16()
+
+
+def test_hf_plain_torch_norms_pair_too():
+    # transformers' Qwen3RMSNorm is plain torch (reference.rms_norm); after the q / k projections it feeds the same
+    # transpose + rotate-half RoPE as the engine's op does
+    m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
+    (gm,) = capture(m, *example_inputs(m, 2, 5))
+    before = count(gm, torch.ops.aten.rsqrt.default)
+    r, out = run_pass(gm, NORM_ROPE)
+    assert r.counts()["norm_rope"] == LAYERS and not r.errors, r.render()
+    assert count(out, ops.rms_norm_rope.default) == LAYERS
+    assert count(out, torch.ops.aten.rsqrt.default) == before - 2 * LAYERS - 2 * LAYERS  # q / k norms, fused norms
+    r, out = run_pass(gm, FUSIONS_ONLY)
+    assert count(out, torch.ops.aten.rsqrt.default) == before - 2 * LAYERS  # only norm_quant's took theirs
+
+
+def test_hf_spelled_pair_is_the_reference_bit_for_bit():
+    class Pair(torch.nn.Module):  # HF's spelling: the norm in plain torch, then transpose and RoPE
+        def forward(self, q, k, wq, wk, cos, sin):
+            return (_rope(reference.rms_norm(q, wq, 1e-6).transpose(1, 2), cos, sin),
+                    _rope(reference.rms_norm(k, wk, 1e-6).transpose(1, 2), cos, sin))  # fmt: skip
+
+    _compiles_to_the_reference(Pair())

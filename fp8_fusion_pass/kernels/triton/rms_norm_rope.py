@@ -7,7 +7,8 @@ Why: at decode these are small (Qwen3-8B at batch 1: 40 rows of 128 values) and 
 ``inline_norm`` hands the norms to Inductor, which fuses each into its RoPE kernel: two launches (the k one also
 writes the KV cache), 1.4 + 1.9 us per layer at batch 1 and 2.5-3.5 + 2.0 us at batch 64 on the H200, where the
 q kernel's time varied between compiles (``docs/benchmarks.md``, "Re-run with the TMA SiLU-quant GEMM rows").
-Here one launch with a fixed config does both; not yet measured on the GPU.
+Here one launch with a fixed config does both: 1.7 us at batch 1, 2.2 us at batch 64 on the H200, with the k-cache
+write left to Inductor (1.1 us).
 
 Each program takes ``ROWS`` rows of D values (one head of one token): rows ``[0, B*S*Hq)`` are q's, the rest
 k's; a row picks its tensor, weight and strides with selects, so one launch needs no branch. The numerics are
@@ -17,6 +18,11 @@ each rounded to the activation dtype as eager rounds them (the products of two b
 so one rounding each is eager's). The rotated half is a second load of the row at columns ``(j + D/2) mod D``
 (an L1 hit), normalised the same way, so no value moves between threads. Only the order of the sum of squares
 differs from the reference's: an output may differ from it by an ulp, rarely.
+
+The launch turns off Triton's fp fusion (``enable_fp_fusion=False``). With it on, the GPU compiler contracts
+``round(y * cos) + round(y_rot * sin)`` into an fma on the rounded-to-bf16 values, which skips one product's
+rounding: on the H200 18% of the outputs were an ulp off eager's (the CPU interpreter, which never fuses, was
+bit-exact). Eager runs the two products and the sum as three kernels, so three roundings is the contract.
 """
 
 from __future__ import annotations
@@ -40,12 +46,12 @@ def _rounded(v, DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
 
 @triton.jit
 def _rms_norm_rope_kernel(
-    q_ptr, k_ptr,  # [B, S, H, D] views, D contiguous
+    q_ptr, k_ptr,  # [B, S, H, D] views, any strides
     wq_ptr, wk_ptr,  # norm weights [D]
-    cos_ptr, sin_ptr,  # [B or 1, S, D], D contiguous (batch stride 0 when shared)
+    cos_ptr, sin_ptr,  # [B or 1, S, D], any strides (batch stride 0 when shared; HF's tables are D-strided)
     qo_ptr, ko_ptr,  # out [B, H, S, D] contiguous
     S, HQ, HK, n_q_rows, n_rows,
-    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sc_b, sc_s, ss_b, ss_s,
+    sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sc_b, sc_s, sc_d, ss_b, ss_s, ss_d,
     eps,
     D: tl.constexpr, ROWS: tl.constexpr, EMULATE_CAST: tl.constexpr,
 ):  # fmt: skip
@@ -62,8 +68,9 @@ def _rms_norm_rope_kernel(
     w_row = tl.where(is_k, wk_ptr, wq_ptr)
     cols = tl.arange(0, D)[None, :]
     rot = (cols + D // 2) % D  # rotate_half reads column j + D/2 (j < D/2) or j - D/2
-    x = to_fp32(tl.load(x_row[:, None] + cols), EMULATE_CAST)
-    x_rot = to_fp32(tl.load(x_row[:, None] + rot), EMULATE_CAST)
+    x_d = tl.where(is_k, sk_d, sq_d)[:, None]
+    x = to_fp32(tl.load(x_row[:, None] + cols * x_d), EMULATE_CAST)
+    x_rot = to_fp32(tl.load(x_row[:, None] + rot * x_d), EMULATE_CAST)
     w = to_fp32(tl.load(w_row[:, None] + cols), EMULATE_CAST)
     w_rot = to_fp32(tl.load(w_row[:, None] + rot), EMULATE_CAST)
     var = tl.math.div_rn(tl.sum(x * x, 1), tl.cast(D, tl.float32))  # torch: mean = sum / D
@@ -72,8 +79,8 @@ def _rms_norm_rope_kernel(
     y = _rounded(w * _rounded(x * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
     y_rot = _rounded(w_rot * _rounded(x_rot * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
     y_rot = tl.where(cols < D // 2, -y_rot, y_rot)  # cat(-y[..., D/2:], y[..., :D/2])
-    c = to_fp32(tl.load(cos_ptr + b[:, None] * sc_b + s[:, None] * sc_s + cols), EMULATE_CAST)
-    sn = to_fp32(tl.load(sin_ptr + b[:, None] * ss_b + s[:, None] * ss_s + cols), EMULATE_CAST)
+    c = to_fp32(tl.load(cos_ptr + b[:, None] * sc_b + s[:, None] * sc_s + cols * sc_d), EMULATE_CAST)
+    sn = to_fp32(tl.load(sin_ptr + b[:, None] * ss_b + s[:, None] * ss_s + cols * ss_d), EMULATE_CAST)
     out = round_to(_rounded(y * c, dtype, EMULATE_CAST) + _rounded(y_rot * sn, dtype, EMULATE_CAST), dtype,
                    EMULATE_CAST)  # fmt: skip
     o_row = tl.where(is_k, ko_ptr + ((b * HK + h) * S + s) * D, qo_ptr + ((b * HQ + h) * S + s) * D)
@@ -100,11 +107,14 @@ def rms_norm_rope(q, wq, k, wk, eps: float, cos, sin) -> tuple[torch.Tensor, tor
     n_q, n = b * s * hq, b * s * (hq + hk)
     if n == 0:
         return q_out, k_out
-    # cos / sin [1, S, D] serve every batch row: batch stride 0
-    table_strides = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(1)) for t in (cos, sin)]
+    # cos / sin [1, S, D] serve every batch row: batch stride 0. Their D stride is not always 1: transformers'
+    # rotary embedding builds them from a transposed matmul, so on the H200 Inductor passed HF's cos as strides
+    # (S * D, 1, S) (Triton specializes a stride of 1, so the engine's contiguous tables lose nothing).
+    table_strides = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2)) for t in (cos, sin)]
     _rms_norm_rope_kernel[(triton.cdiv(n, ROWS),)](
         q, k, wq, wk, cos, sin, q_out, k_out, s, hq, hk, n_q, n,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), *table_strides[0],
+        *q.stride(), *k.stride(), *table_strides[0],
         *table_strides[1], eps, D=d, ROWS=ROWS, EMULATE_CAST=arch.triton_interpreting(), num_warps=NUM_WARPS,
+        enable_fp_fusion=False,  # see the module docstring: no fma may swallow a product's rounding
     )  # fmt: skip
     return q_out, k_out
