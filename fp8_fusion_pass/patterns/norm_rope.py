@@ -11,8 +11,8 @@ With ``inline_norm`` alone Inductor fuses each norm into its RoPE kernel: two la
 the k-cache write (``kernels/triton/rms_norm_rope.py`` has the H200 figures). Here one launch does both norms
 and both RoPEs, and the two cache writes are left to Inductor (still two launches: they did not merge). On the
 H200 (``docs/benchmarks.md``, "The q / k norms and RoPE in one launch") it took 0.8-2.4% off a Qwen3-8B decode
-step and brought its logits closer to eager's; with Inductor's ``combo_kernels=True`` it lost 1.5%. On by
-default. Not bit-exact against Inductor's fusion (which keeps the RoPE in fp32; this op rounds each step as
+step and brought its logits closer to eager's; with Inductor's ``combo_kernels=True`` it lost 1.5%, so there it
+stands aside (guard below). On by default. Not bit-exact against Inductor's fusion (which keeps the RoPE in fp32; this op rounds each step as
 eager does), so deterministic mode keeps it off.
 
 The norm is the ``fp8_fusion.rms_norm`` op (engine-style code) or transformers' ``Qwen3RMSNorm`` in plain torch,
@@ -25,8 +25,9 @@ only user is ``permute(0, 2, 1, 3)``; its users are ``mul(p, unsqueeze(cos, 1))`
 ``slice(p, 3, D/2, end)`` -> ``neg`` and ``slice(p, 3, 0, D/2)``, joined by ``cat(-1)``, times ``unsqueeze(sin,
 1)``, and the ``add`` of the two products (either operand order). Chains sharing one cos, sin and eps pair up
 in graph order, q / k as they come; a chain left without a partner is reported (``no_norm_rope_pair``) and left
-as it is (``inline_norm`` takes an op). Guards: the switch and deterministic mode; bf16; x ``[B, S, H, D]`` with D a power of two
-(``no_fused_kernel`` otherwise: the kernel's one tile per row); cos / sin ``[B or 1, S, D]``.
+as it is (``inline_norm`` takes an op). Guards: the switch and deterministic mode; Inductor's ``combo_kernels``
+off (with it on, Inductor's own kernels measured faster: ``unfused_pair_faster``); bf16; x ``[B, S, H, D]`` with D
+a power of two (``no_fused_kernel`` otherwise: the kernel's one tile per row); cos / sin ``[B or 1, S, D]``.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def rope_chain(norm: Norm) -> dict | None:
 def _check(norm: Norm, chain: dict) -> guards.Verdict:
     x, cos, sin = (_graph.val(n) for n in (norm.x, chain["cos"], chain["sin"]))
     d = x.shape[-1]
-    verdict = guards.first_failure(lambda: guards.can_eps(norm.eps), lambda: guards.can_dtype(x))
+    verdict = guards.first_failure(guards.should_fuse_norm_rope, lambda: guards.can_eps(norm.eps),
+                                   lambda: guards.can_dtype(x))
     if not verdict.ok:
         return verdict
     # kernels/triton/rms_norm_rope.unsupported's rule, restated: the pass must not import Triton

@@ -172,3 +172,14 @@ def test_hf_spelled_pair_is_the_reference_bit_for_bit():
                     _rope(reference.rms_norm(k, wk, 1e-6).transpose(1, 2), cos, sin))  # fmt: skip
 
     _compiles_to_the_reference(Pair())
+
+
+def test_inductor_combo_kernels_keep_inductors_own_kernels(engine):
+    # measured on the H200: with combo_kernels Inductor's merged RoPE / KV-write launch beat rms_norm_rope beside it
+    from torch._inductor import config as inductor_config
+
+    _, _, gm = engine
+    with inductor_config.patch(combo_kernels=True):
+        r, out = run_pass(gm, NORM_ROPE)
+    assert "norm_rope" not in r.counts() and count(out, ops.rms_norm_rope.default) == 0
+    assert r.rejection_reasons()["unfused_pair_faster"] == 2 * LAYERS, r.render()
