@@ -12,6 +12,8 @@ How every variant is compiled and timed (the only difference between "block" and
 - ``--compile full``: the whole step in one ``torch.compile`` with ``triton.cudagraphs`` (cudagraph trees).
 - ``--inductor NAME=VALUE,...``: Inductor options for every compile of the run, with and without the pass alike
   (say ``combo_kernels=True``), so a compiler setting is measured as what it does to both sides.
+- ``--also=-norm_rope`` (or ``+NAME``): a third variant in the same run, the pass with those rewrites switched off /
+  on, so a rewrite is measured against the default pass on one machine and one baseline.
 Time per step: replays back to back between two CUDA events (the CPU queues them ahead, as a serving loop does),
 median of several rounds. HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
 (torch 2.11, transformers 5.17) with "accessing tensor output of CUDAGraphs that has been overwritten", so the
@@ -133,7 +135,7 @@ def inductor_options(spec: str) -> dict:
 
 def pass_options(config: FusionConfig | None) -> dict:
     """Inductor options of one compile: the run's ``--inductor`` ones, and the pass under ``config`` unless None."""
-    return {**INDUCTOR_OPTIONS, **({"post_grad_custom_post_pass": FP8FusionPass(config)} if config else {})}
+    return {**INDUCTOR_OPTIONS, **({"post_grad_custom_post_pass": FP8FusionPass(config)} if config is not None else {})}
 
 
 def compile_regions(model, config: FusionConfig | None) -> None:
@@ -360,7 +362,7 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
         if args.compile == "full":
             torch._dynamo.reset()
         torch.cuda.empty_cache()
-    fused = fusion_summary(report.all_reports()) if config else {}
+    fused = fusion_summary(report.all_reports()) if config is not None else {}
     prefill_ms = None
     if args.prefill:
         log(f"{preset} {form} {label}: prefill {args.prefill}")
