@@ -12,8 +12,8 @@ the k-cache write (``kernels/triton/rms_norm_rope.py`` has the H200 figures). He
 and both RoPEs, and the two cache writes are left to Inductor (still two launches: they did not merge). On the
 H200 (``docs/benchmarks.md``, "The q / k norms and RoPE in one launch") it took 0.8-2.4% off a Qwen3-8B decode
 step and brought its logits closer to eager's; with Inductor's ``combo_kernels=True`` it lost 1.5%, so there it
-stands aside (guard below). On by default. Not bit-exact against Inductor's fusion (which keeps the RoPE in fp32; this op rounds each step as
-eager does), so deterministic mode keeps it off.
+stands aside (guard below). On by default. Not bit-exact against Inductor's fusion (which keeps the RoPE in
+fp32; this op rounds each step as eager does), so deterministic mode keeps it off.
 
 The norm is the ``fp8_fusion.rms_norm`` op (engine-style code) or transformers' ``Qwen3RMSNorm`` in plain torch,
 found with ``norm_quant``'s traced ``torch`` form (every torch version's spelling). The HF form was measured
@@ -233,4 +233,5 @@ def run(graph: Graph, report) -> None:
         if len(sites) % 2:
             norm = sites[-1][0]
             report.reject(NAME, norm.out.name, "no_norm_rope_pair", "no second norm + RoPE on the same cos / sin: "
-                          "left as it is (inline_norm takes an op)", _graph.shape_str(x=norm.x), _graph.dtype_str(norm.x))
+                          "left as it is (inline_norm takes an op)", _graph.shape_str(x=norm.x),
+                          _graph.dtype_str(norm.x))

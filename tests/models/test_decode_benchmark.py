@@ -32,7 +32,8 @@ def dry_run(tmp_path_factory):
 
 def test_every_form_has_a_row_with_errors_against_eager(dry_run):
     rows = {m[0]: [float(x) for x in m[1:]] for m in re.findall(
-        r"^qwen3-tiny\s+(engine|hf)\s+pass\s+1\s+\S+\s+\S+\s+\S+x\s+-\s+-\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)$", dry_run, re.M)}
+        r"^qwen3-tiny\s+(engine|hf)\s+pass\s+1\s+\S+\s+\S+\s+\S+x\s+-\s+-\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)$",
+        dry_run, re.M)}
     assert set(rows) == {"engine", "hf"}, dry_run
     for form, (pass_vs_plain, plain_vs_eager, pass_vs_eager) in rows.items():
         assert 0 <= pass_vs_plain < 0.1 and 0 <= plain_vs_eager < 0.1 and 0 <= pass_vs_eager < 0.1, (form, dry_run)
