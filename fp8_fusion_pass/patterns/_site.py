@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import threading
 from typing import Callable, Sequence
 
 import torch
@@ -27,6 +28,10 @@ from ._graph import GROUP_QUANT, RESHAPES
 
 aten = torch.ops.aten
 MAX_RESHAPES = 2  # [B, S, H] -> [B*S, H] is one; a second covers views engines add (e.g. [T, H] -> [T, 1, H])
+# id(form) -> (form, its traced patterns): each Form is traced once per process, whoever asks first (the pass's
+# matcher, norm_rope's HF norms). Holding the form keeps its id from being reused.
+_PATTERNS: dict[int, tuple] = {}
+_PATTERNS_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +47,13 @@ class Form:
 
     def patterns(self) -> list[PatternExpr]:
         """The producer pattern per torch-version spelling (as traced; with pre-2.13 round trips folded), equal
-        spellings once."""
+        spellings once; traced on the first call in the process, the same objects after."""
+        with _PATTERNS_LOCK:
+            if id(self) not in _PATTERNS:
+                _PATTERNS[id(self)] = (self, self._trace())
+            return _PATTERNS[id(self)][1]
+
+    def _trace(self) -> list[PatternExpr]:
         out, keys = [], set()
         for fold in (False, True):
             pattern, key = _trace.pattern_of(self.search, self.example_inputs, self.scalars, fold=fold)

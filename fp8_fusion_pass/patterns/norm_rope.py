@@ -33,7 +33,6 @@ a power of two (``no_fused_kernel`` otherwise: the kernel's one tile per row); c
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
 
 import torch
@@ -43,6 +42,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import guards
 from . import _graph
+from .norm_quant import FORMS
 
 aten = torch.ops.aten
 RMS_NORM = torch.ops.fp8_fusion.rms_norm.default
@@ -81,13 +81,10 @@ class Norm:
     eps: object
 
 
-@functools.cache
-def _hf_patterns() -> tuple:
+def _hf_patterns() -> list:
     """HF's ``Qwen3RMSNorm`` as the post-grad graph spells it (every torch version's spelling): norm_quant's
-    ``torch`` form, traced from ``reference.rms_norm``."""
-    from .norm_quant import FORMS
-
-    return tuple(p for form in FORMS["norm_quant"] if form.name == "torch" for p in form.patterns())
+    ``torch`` form, traced from ``reference.rms_norm`` (once per process, shared with the pass's matcher)."""
+    return [p for form in FORMS["norm_quant"] if form.name == "torch" for p in form.patterns()]
 
 
 def norms(graph: Graph) -> list[Norm]:

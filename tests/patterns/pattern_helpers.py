@@ -96,6 +96,27 @@ def run_pass(gm: torch.fx.GraphModule, config: FusionConfig | None = None, is_in
     return report_mod.last_report(), gm
 
 
+def compile_model(model, inputs, config: FusionConfig) -> tuple[torch.Tensor, dict]:
+    """``model(*inputs)`` compiled with the pass under ``config`` (fresh Dynamo state, no FX graph cache, so the pass
+    runs): (the logits, the last graph's report counts). HF models' outputs are unwrapped to their logits."""
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
+    with torch.no_grad():
+        out = torch.compile(model, options=opts)(*inputs)
+    counts = report_mod.last_report().counts()
+    torch._dynamo.reset()
+    return logits(out), counts
+
+
+def logits(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out  # HF models return a CausalLMOutputWithPast
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
 def ops_in(gm) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
 

@@ -7,12 +7,10 @@ import dataclasses
 
 import pytest
 import torch
-from pattern_helpers import FUSIONS_ONLY, BlockLinear, capture, count, run_pass
+from pattern_helpers import FUSIONS_ONLY, BlockLinear, capture, compile_model, count, run_pass
 from torch import nn
 
-from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
-from fp8_fusion_pass.fusion_pass import FP8FusionPass
 from fp8_fusion_pass.kernels import backends
 from fp8_fusion_pass.models import build_model, example_inputs
 
@@ -230,16 +228,9 @@ def test_whole_model_outputs_are_unchanged_on_the_reference_backend(form):
     # On the CPU the fused op is the reference GEMM then the reference silu-quant: the logits are bit-identical.
     m = build_model("qwen3-tiny", form=form, layers=LAYERS)
     inputs = example_inputs(m, 2, 5)
-    outs = {}
-    with torch.no_grad():
-        for on in (False, True):
-            torch._dynamo.reset()
-            report_mod.clear_reports()
-            config = FusionConfig() if on else FusionConfig.without("gemm_silu_quant")
-            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
-            out = torch.compile(m, options=opts)(*inputs)
-            outs[on] = out.logits if hasattr(out, "logits") else out
-            assert report_mod.last_report().counts().get("gemm_silu_quant", 0) == (LAYERS if on else 0)
-    torch._dynamo.reset()
-    assert torch.equal(outs[True], outs[False])
+    plain, counts = compile_model(m, inputs, FusionConfig.without("gemm_silu_quant"))
+    assert "gemm_silu_quant" not in counts
+    fused, counts = compile_model(m, inputs, FusionConfig())
+    assert counts["gemm_silu_quant"] == LAYERS
+    assert torch.equal(fused, plain)
 

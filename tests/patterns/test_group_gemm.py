@@ -7,9 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-from pattern_helpers import FUSIONS_ONLY, capture, count, run_pass
+from pattern_helpers import FUSIONS_ONLY, capture, compile_model, count, run_pass
 
-from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
 from fp8_fusion_pass.fusion_pass import FP8FusionPass
 from fp8_fusion_pass.models import build_model, example_inputs
@@ -77,16 +76,11 @@ def test_whole_model_outputs_are_unchanged_on_the_reference_backend():
     # On the CPU the grouped op is the concatenation of the same reference GEMMs: the logits must be bit-identical.
     m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
     inputs = example_inputs(m, 2, 5)
-    outs = {}
-    with torch.no_grad():
-        for config in (FUSIONS_ONLY, GROUP):
-            torch._dynamo.reset()
-            report_mod.clear_reports()
-            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
-            outs[config.group_gemm] = torch.compile(m, options=opts)(*inputs).logits
-            assert report_mod.last_report().counts().get("group_gemm", 0) == (2 * LAYERS if config.group_gemm else 0)
-    torch._dynamo.reset()
-    assert torch.equal(outs[True], outs[False])
+    plain, counts = compile_model(m, inputs, FUSIONS_ONLY)
+    assert "group_gemm" not in counts
+    grouped, counts = compile_model(m, inputs, GROUP)
+    assert counts["group_gemm"] == 2 * LAYERS
+    assert torch.equal(grouped, plain)
 
 
 def test_grouped_op_checks_its_inputs():

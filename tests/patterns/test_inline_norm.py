@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from pattern_helpers import FUSIONS_ONLY, capture, count, run_pass
+from pattern_helpers import FUSIONS_ONLY, capture, compile_model, count, rel_l2, run_pass
 
 from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
@@ -133,14 +133,9 @@ def test_whole_model_within_the_pass_bound():
 
     m = build_model("qwen3-tiny", form="engine", layers=LAYERS)
     inputs = example_inputs(m, 2, 5)
-    outs = {}
+    plain, _ = compile_model(m, inputs, FUSIONS_ONLY)
+    fused, _ = compile_model(m, inputs, INLINE)
     with torch.no_grad():
-        for config in (FUSIONS_ONLY, INLINE):
-            torch._dynamo.reset()
-            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
-            outs[config.inline_norm] = torch.compile(m, options=opts)(*inputs)
         eager = m(*inputs)
-    torch._dynamo.reset()
-    plain_vs_eager = ((outs[False].float() - eager.float()).norm() / eager.float().norm()).item()
-    err = ((outs[True].float() - eager.float()).norm() / eager.float().norm()).item()
+    plain_vs_eager, err = rel_l2(plain, eager), rel_l2(fused, eager)
     assert err <= tolerances.pass_vs_eager_bound(plain_vs_eager), (err, plain_vs_eager)

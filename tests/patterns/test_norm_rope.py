@@ -6,11 +6,9 @@ import dataclasses
 
 import pytest
 import torch
-from pattern_helpers import FUSIONS_ONLY, capture, count, run_pass
+from pattern_helpers import FUSIONS_ONLY, capture, compile_model, count, logits, rel_l2, run_pass
 
-from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
-from fp8_fusion_pass.fusion_pass import FP8FusionPass
 from fp8_fusion_pass.kernels import reference
 from fp8_fusion_pass.models import build_model, example_inputs
 from fp8_fusion_pass.models.engine import _rope
@@ -68,23 +66,14 @@ def test_whole_model_within_the_pass_bound(engine, form):
     else:
         m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
         inputs = example_inputs(m, 2, 5)
-    outs = {}
+    plain, counts = compile_model(m, inputs, FUSIONS_ONLY)
+    assert "norm_rope" not in counts
+    fused, counts = compile_model(m, inputs, NORM_ROPE)
+    assert counts["norm_rope"] == LAYERS
     with torch.no_grad():
-        for config in (FUSIONS_ONLY, NORM_ROPE):
-            torch._dynamo.reset()
-            report_mod.clear_reports()
-            opts = {"post_grad_custom_post_pass": FP8FusionPass(config), "fx_graph_cache": False}
-            outs[config.norm_rope] = _logits(torch.compile(m, options=opts)(*inputs))
-            assert report_mod.last_report().counts().get("norm_rope", 0) == (LAYERS if config.norm_rope else 0)
-        eager = _logits(m(*inputs))
-    torch._dynamo.reset()
-    plain_vs_eager = ((outs[False].float() - eager.float()).norm() / eager.float().norm()).item()
-    err = ((outs[True].float() - eager.float()).norm() / eager.float().norm()).item()
+        eager = logits(m(*inputs))
+    plain_vs_eager, err = rel_l2(plain, eager), rel_l2(fused, eager)
     assert err <= tolerances.pass_vs_eager_bound(plain_vs_eager), (err, plain_vs_eager)
-
-
-def _logits(out) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out  # HF models return a CausalLMOutputWithPast
 
 
 def test_a_lone_chain_is_reported_and_left_to_inline_norm():
@@ -117,13 +106,8 @@ def _compiles_to_the_reference(pair: torch.nn.Module) -> None:
     """``pair`` (q / k norm + RoPE, either spelling) compiled with the rewrite is one op, bit for bit its CPU
     reference."""
     q, wq, k, wk, cos, sin = _tensors()
-    torch._dynamo.reset()
-    report_mod.clear_reports()
-    opts = {"post_grad_custom_post_pass": FP8FusionPass(NORM_ROPE), "fx_graph_cache": False}
-    with torch.no_grad():
-        got = torch.compile(pair, options=opts)(q, k, wq, wk, cos, sin)
-    torch._dynamo.reset()
-    assert report_mod.last_report().counts()["norm_rope"] == 1, report_mod.last_report().render()
+    got, counts = compile_model(pair, (q, k, wq, wk, cos, sin), NORM_ROPE)
+    assert counts["norm_rope"] == 1, counts
     want = reference.rms_norm_rope(q, wq, k, wk, 1e-6, cos, sin)  # the op's CPU implementation: bit for bit
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
@@ -183,3 +167,12 @@ def test_inductor_combo_kernels_keep_inductors_own_kernels(engine):
         r, out = run_pass(gm, NORM_ROPE)
     assert "norm_rope" not in r.counts() and count(out, ops.rms_norm_rope.default) == 0
     assert r.rejection_reasons()["unfused_pair_faster"] == 2 * LAYERS, r.render()
+
+
+def test_hf_norm_patterns_are_traced_once_and_shared_with_the_pass():
+    from fp8_fusion_pass.patterns import norm_rope
+    from fp8_fusion_pass.patterns.norm_quant import FORMS
+
+    torch_form = next(f for f in FORMS["norm_quant"] if f.name == "torch")
+    assert torch_form.patterns() is torch_form.patterns()  # tracing costs a fake trace per spelling: once a process
+    assert all(a is b for a, b in zip(norm_rope._hf_patterns(), torch_form.patterns()))
