@@ -66,17 +66,19 @@ def _in_threads(fn, n: int) -> list:
 
 @pytest.fixture
 def untraced(monkeypatch):
-    """The pass as in a fresh process (nothing traced yet), with tracing counted and slowed down."""
+    """The pass as in a fresh process (nothing traced yet), with tracing counted and slowed down. ``Form._trace``
+    is the tracing; ``Form.patterns`` serves its cache, which norm_rope also reads from the compiling threads."""
     calls = []
-    original = _site.Form.patterns
+    original = _site.Form._trace
 
-    def slow_patterns(self):
+    def slow_trace(self):
         calls.append(threading.get_ident())
         time.sleep(TRACE_DELAY_S)
         return original(self)
 
     monkeypatch.setattr(fusion_pass, "_TRACED", None)
-    monkeypatch.setattr(_site.Form, "patterns", slow_patterns)
+    monkeypatch.setattr(_site, "_PATTERNS", {})
+    monkeypatch.setattr(_site.Form, "_trace", slow_trace)
     return calls
 
 
@@ -86,6 +88,7 @@ def test_lazy_registration_is_traced_once_under_a_thread_race(untraced):
     assert serial >= 6, serial  # add-norm, norm and silu, each in the op and the plain-torch form
 
     fusion_pass._TRACED = None  # untraced again: now race
+    _site._PATTERNS.clear()
     untraced.clear()
     tables = _in_threads(lambda i: fusion_pass._traced(), THREADS)
     assert len(untraced) == serial, f"{len(untraced)} forms traced by {THREADS} racing threads, {serial} by one"
