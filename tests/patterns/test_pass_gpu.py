@@ -63,8 +63,8 @@ def test_tiny_qwen3_on_cuda(form, mode):
     inputs = example_inputs(model, batch=4, seq=8)
     fused, plain, reports = _compile_pair(model, inputs, mode)
     c = reports[0].counts()
-    assert (c.get("norm_quant"), c.get("add_norm_quant"), c.get("silu_quant")) == (1, 2 * layers - 1, layers), (
-        reports[0].render())
+    assert (c.get("norm_quant"), c.get("add_norm_quant"), c.get("silu_quant"), c.get("norm_rope")) == (
+        1, 2 * layers - 1, layers, layers), reports[0].render()
     assert not reports[0].errors
     _assert_close_to_eager(fused, plain, f"qwen3-tiny {form} mode={mode}")
 
@@ -75,7 +75,8 @@ def test_qwen3_8b_slice_decode(batch):
     inputs = example_inputs(model, batch=batch, seq=1)
     fused, plain, reports = _compile_pair(model, inputs, "reduce-overhead")
     c = reports[0].counts()
-    assert (c.get("norm_quant"), c.get("add_norm_quant"), c.get("silu_quant")) == (1, 3, 2), reports[0].render()
+    assert (c.get("norm_quant"), c.get("add_norm_quant"), c.get("silu_quant"), c.get("norm_rope")) == (1, 3, 2, 2), (
+        reports[0].render())
     _assert_close_to_eager(fused, plain, f"qwen3-8b x2 layers, decode batch {batch}")
 
 
