@@ -20,6 +20,8 @@ Outputs (``x [..., K]``, ``g = group_size``):
                                                      -> (q [M, I], scale [M, I/g])
   group_quant_blockscale_mm(x [M,K], w_q [N,K], w_scale, out_dtype, g)               -> y [M, N]
   rms_norm_rope(q [B,S,Hq,D], wq, k [B,S,Hk,D], wk, eps, cos [B,S,D], sin)  -> (q [B,Hq,S,D], k [B,Hk,S,D])
+  rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v [B,Hk,S,D], positions [B|1,S] or [S], k_cache!, v_cache!)
+                                                     -> q [B,Hq,S,D]; k, v written at positions into the caches [B,Hk,T,D]
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -282,6 +284,46 @@ def _(q, wq, k, wk, eps, cos, sin):
     return q.new_empty((b, hq, s, d)), k.new_empty((b, k.shape[2], s, d))
 
 
+def _check_norm_rope_cache(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache):
+    _check_norm_rope(op, q, wq, k, wk, cos, sin)
+    b, s, hk, d = k.shape
+    checks.activation(op, "v", v, any_strides=True)
+    if tuple(v.shape) != (b, hk, s, d) or v.dtype != q.dtype:
+        raise ValueError(f"{op}: v must be [B, Hk, S, D] = [{b}, {hk}, {s}, {d}] of q's dtype {q.dtype}, got "
+                         f"{tuple(v.shape)} {v.dtype}")  # fmt: skip
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 4 or (c.shape[0], c.shape[1], c.shape[3]) != (b, hk, d) or c.dtype != q.dtype:
+            raise ValueError(f"{op}: {name} must be [B, Hk, T, D] = [{b}, {hk}, T, {d}] of q's dtype {q.dtype}, "
+                             f"got {tuple(c.shape)} {c.dtype}")  # fmt: skip
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"{op}: k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")  # fmt: skip
+    pos_ok = positions.dtype in (torch.int32, torch.int64) and (
+        tuple(positions.shape) == (s,) or (positions.dim() == 2 and positions.shape[0] in (1, b)
+                                           and positions.shape[1] == s))  # fmt: skip
+    if not pos_ok:
+        raise ValueError(f"{op}: positions must be int32 / int64 [B or 1, S] or [S] = [{s}], got "
+                         f"{tuple(positions.shape)} {positions.dtype}")  # fmt: skip
+    checks.same_device(op, q=q, v=v, positions=positions, k_cache=k_cache, v_cache=v_cache)
+
+
+@custom_op(f"{NS}::rms_norm_rope_cache", mutates_args=("k_cache", "v_cache"))
+def rms_norm_rope_cache(q: Tensor, wq: Tensor, k: Tensor, wk: Tensor, eps: float, cos: Tensor, sin: Tensor,
+                        v: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    """``rms_norm_rope`` with the static KV-cache writes after it (``reference.rms_norm_rope_cache``): k and
+    ``v [B, Hk, S, D]`` go into ``k_cache`` / ``v_cache [B, Hk, T, D]`` at ``positions``, in place, in the same
+    launch on the Triton backend; returns q ``[B, Hq, S, D]`` contiguous."""
+    _check_norm_rope_cache("rms_norm_rope_cache", q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache)
+    return _kernel("rms_norm_rope_cache", q)(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache)
+
+
+@rms_norm_rope_cache.register_fake
+def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache):
+    _check_norm_rope_cache("rms_norm_rope_cache", q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache)
+    b, s, hq, d = q.shape
+    return q.new_empty((b, hq, s, d))
+
+
 # ---------------------------------------------------------------- mutating (the zero-fill case)
 
 
@@ -309,5 +351,5 @@ def _(out, x, scale):
 
 UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm")
 FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
-         "blockscale_mm_silu_mul_group_quant", "rms_norm_rope")
-MUTATING = ("dynamic_per_tensor_quant",)
+         "blockscale_mm_silu_mul_group_quant", "rms_norm_rope", "rms_norm_rope_cache")
+MUTATING = ("dynamic_per_tensor_quant", "rms_norm_rope_cache")

@@ -51,6 +51,26 @@ def rms_norm_rope(q, wq, k, wk, eps: float, cos, sin):
     return tuple(rope(rms_norm(x, w, eps).transpose(1, 2), cos, sin).contiguous() for x, w in ((q, wq), (k, wk)))
 
 
+def write_cache(cache: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> None:
+    """``cache[b, h, positions[b, s]] = x[b, h, s]``: ``x [B, H, S, D]`` into a static ``cache [B, H, T, D]``;
+    ``positions [B, S]`` per batch row (the engine's ``index_put_``) or ``[S]`` shared by all (HF's
+    ``index_copy_(2, cache_position, x)``). A negative position counts from the end, as indexing does; one out of
+    range raises."""
+    b, h, s, _ = x.shape
+    rows = torch.arange(b, device=cache.device)[:, None, None]
+    heads = torch.arange(h, device=cache.device)[None, :, None]
+    cache.index_put_((rows, heads, positions.expand(b, s)[:, None, :]), x)
+
+
+def rms_norm_rope_cache(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache) -> torch.Tensor:
+    """``rms_norm_rope``, then its k and ``v [B, Hk, S, D]`` written into their static caches (``write_cache``);
+    returns q ``[B, Hq, S, D]``. k_cache / v_cache are updated in place."""
+    q_out, k_out = rms_norm_rope(q, wq, k, wk, eps, cos, sin)
+    write_cache(k_cache, k_out, positions)
+    write_cache(v_cache, v, positions)
+    return q_out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` with gate the first half of the last dim; each step rounds to x.dtype as HF does."""
     d = x.shape[-1] // 2

@@ -64,5 +64,6 @@ def kernels() -> dict:
         "blockscale_mm_silu_mul_group_quant": blockscale_mm_silu_mul_group_quant,
         "group_quant_blockscale_mm": group_quant_blockscale_mm,
         "rms_norm_rope": ref.rms_norm_rope,
+        "rms_norm_rope_cache": ref.rms_norm_rope_cache,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

@@ -49,27 +49,39 @@ def _rms_norm_rope_kernel(
     q_ptr, k_ptr,  # [B, S, H, D] views, any strides
     wq_ptr, wk_ptr,  # norm weights [D]
     cos_ptr, sin_ptr,  # [B or 1, S, D], any strides (batch stride 0 when shared; HF's tables are D-strided)
-    qo_ptr, ko_ptr,  # out [B, H, S, D] contiguous
-    S, HQ, HK, n_q_rows, n_rows,
+    qo_ptr, ko_ptr,  # out [B, H, S, D] contiguous; CACHE: ko_ptr is the k cache [B, HK, T, D]
+    v_ptr, vc_ptr, pos_ptr,  # CACHE only: v [B, HK, S, D], the v cache [B, HK, T, D], positions [B or 1, S]
+    S, HQ, HK, n_q_rows, n_rows, T,
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sc_b, sc_s, sc_d, ss_b, ss_s, ss_d,
+    sv_b, sv_h, sv_s, sv_d, sko_b, sko_h, sko_t, sko_d, svc_b, svc_h, svc_t, svc_d, sp_b, sp_s,
     eps,
-    D: tl.constexpr, ROWS: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    D: tl.constexpr, ROWS: tl.constexpr, CACHE: tl.constexpr, EMULATE_CAST: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = r < n_rows
     r = tl.minimum(r, n_rows - 1)  # a tail row re-reads the last row; its store is masked
-    is_k = r >= n_q_rows
+    is_k = r >= n_q_rows  # CACHE: k and then v rows
     rr = tl.where(is_k, r - n_q_rows, r)
     heads = tl.where(is_k, HK, HQ)
+    is_v = r < 0  # no v rows ...
+    if CACHE:  # ... unless the caches are written: then the second half of the rows after q's are v's
+        n_k_rows = (n_rows - n_q_rows) // 2
+        is_v = is_k & (rr >= n_k_rows)
+        rr = tl.where(is_v, rr - n_k_rows, rr)
     h = (rr % heads).to(tl.int64)
     s = ((rr // heads) % S).to(tl.int64)
     b = (rr // (heads * S)).to(tl.int64)
     x_row = tl.where(is_k, k_ptr + b * sk_b + s * sk_s + h * sk_h, q_ptr + b * sq_b + s * sq_s + h * sq_h)
+    x_d = tl.where(is_k, sk_d, sq_d)
+    if CACHE:  # a v row reads v (same element type as q / k: the op checks it)
+        x_row = tl.where(is_v, v_ptr + b * sv_b + s * sv_s + h * sv_h, x_row)
+        x_d = tl.where(is_v, sv_d, x_d)
+    x_d = x_d[:, None]
     w_row = tl.where(is_k, wk_ptr, wq_ptr)
     cols = tl.arange(0, D)[None, :]
     rot = (cols + D // 2) % D  # rotate_half reads column j + D/2 (j < D/2) or j - D/2
-    x_d = tl.where(is_k, sk_d, sq_d)[:, None]
-    x = to_fp32(tl.load(x_row[:, None] + cols * x_d), EMULATE_CAST)
+    x_raw = tl.load(x_row[:, None] + cols * x_d)
+    x = to_fp32(x_raw, EMULATE_CAST)
     x_rot = to_fp32(tl.load(x_row[:, None] + rot * x_d), EMULATE_CAST)
     w = to_fp32(tl.load(w_row[:, None] + cols), EMULATE_CAST)
     w_rot = to_fp32(tl.load(w_row[:, None] + rot), EMULATE_CAST)
@@ -83,8 +95,21 @@ def _rms_norm_rope_kernel(
     sn = to_fp32(tl.load(sin_ptr + b[:, None] * ss_b + s[:, None] * ss_s + cols * ss_d), EMULATE_CAST)
     out = round_to(_rounded(y * c, dtype, EMULATE_CAST) + _rounded(y_rot * sn, dtype, EMULATE_CAST), dtype,
                    EMULATE_CAST)  # fmt: skip
-    o_row = tl.where(is_k, ko_ptr + ((b * HK + h) * S + s) * D, qo_ptr + ((b * HQ + h) * S + s) * D)
-    tl.store(o_row[:, None] + cols, out, mask=ok[:, None])
+    q_row = qo_ptr + ((b * HQ + h) * S + s) * D
+    if CACHE:
+        # k / v rows go to their cache slot: position p of batch row b (negative counts from the end, as
+        # indexing does); a position outside [-T, T) writes nothing rather than out of bounds.
+        p = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
+        p = tl.where(p < 0, p + T, p)
+        ok = ok & ((~is_k) | ((p >= 0) & (p < T)))
+        out = tl.where(is_v[:, None], x_raw, out)  # v is copied as it is
+        k_row = ko_ptr + b * sko_b + h * sko_h + p * sko_t
+        v_row = vc_ptr + b * svc_b + h * svc_h + p * svc_t
+        o_ptrs = tl.where(is_k[:, None], tl.where(is_v, v_row, k_row)[:, None]
+                          + cols * tl.where(is_v, svc_d, sko_d)[:, None], q_row[:, None] + cols)  # fmt: skip
+    else:
+        o_ptrs = tl.where(is_k, ko_ptr + ((b * HK + h) * S + s) * D, q_row)[:, None] + cols
+    tl.store(o_ptrs, out, mask=ok[:, None])
 
 
 def unsupported(head_dim: int) -> str | None:
@@ -94,27 +119,54 @@ def unsupported(head_dim: int) -> str | None:
     return None
 
 
-def rms_norm_rope(q, wq, k, wk, eps: float, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reference.rms_norm_rope`` in one launch; inputs validated by the op (``ops.py``). ValueError for a head
-    size the kernel cannot take."""
+def _launch(q, wq, k, wk, eps: float, cos, sin, q_out, k_out, cache=None) -> None:
+    """One launch: q / k normed and rotated into ``q_out`` / ``k_out`` ([B, H, S, D] contiguous), or with ``cache
+    = (v, positions, k_cache, v_cache)`` k into k_cache (``k_out`` is then k_cache) and v into v_cache."""
     b, s, hq, d = q.shape
     hk = k.shape[2]
     reason = unsupported(d)
     if reason is not None:
         raise ValueError(f"rms_norm_rope: {reason}")
-    q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((b, hk, s, d), dtype=k.dtype, device=k.device)
-    n_q, n = b * s * hq, b * s * (hq + hk)
+    n_q, n = b * s * hq, b * s * (hq + hk * (2 if cache is not None else 1))
     if n == 0:
-        return q_out, k_out
+        return
     # cos / sin [1, S, D] serve every batch row: batch stride 0. Their D stride is not always 1: transformers'
     # rotary embedding builds them from a transposed matmul, so on the H200 Inductor passed HF's cos as strides
     # (S * D, 1, S) (Triton specializes a stride of 1, so the engine's contiguous tables lose nothing).
     table_strides = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2)) for t in (cos, sin)]
+    if cache is None:
+        v, positions, v_cache, t = q, q, q, 1  # unused (CACHE=False): any valid pointer
+        v_strides, ko_strides, vc_strides, pos_strides = (0,) * 4, (0,) * 4, (0,) * 4, (0, 0)
+    else:
+        v, positions, k_out, v_cache = cache  # k goes straight into its cache
+        t = k_out.shape[2]
+        v_strides, ko_strides, vc_strides = v.stride(), k_out.stride(), v_cache.stride()
+        # [S] (HF's cache_position) is shared by every batch row: batch stride 0, as for the tables
+        pos_strides = (0, positions.stride(0)) if positions.dim() == 1 else (
+            positions.stride(0) if positions.shape[0] > 1 else 0, positions.stride(1))
     _rms_norm_rope_kernel[(triton.cdiv(n, ROWS),)](
-        q, k, wq, wk, cos, sin, q_out, k_out, s, hq, hk, n_q, n,
-        *q.stride(), *k.stride(), *table_strides[0],
-        *table_strides[1], eps, D=d, ROWS=ROWS, EMULATE_CAST=arch.triton_interpreting(), num_warps=NUM_WARPS,
+        q, k, wq, wk, cos, sin, q_out, k_out, v, v_cache, positions, s, hq, hk, n_q, n, t,
+        *q.stride(), *k.stride(), *table_strides[0], *table_strides[1],
+        *v_strides, *ko_strides, *vc_strides, *pos_strides,
+        eps, D=d, ROWS=ROWS, CACHE=cache is not None, EMULATE_CAST=arch.triton_interpreting(), num_warps=NUM_WARPS,
         enable_fp_fusion=False,  # see the module docstring: no fma may swallow a product's rounding
     )  # fmt: skip
+
+
+def rms_norm_rope(q, wq, k, wk, eps: float, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.rms_norm_rope`` in one launch; inputs validated by the op (``ops.py``). ValueError for a head
+    size the kernel cannot take."""
+    b, s, hq, d = q.shape
+    q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((b, k.shape[2], s, d), dtype=k.dtype, device=k.device)
+    _launch(q, wq, k, wk, eps, cos, sin, q_out, k_out)
     return q_out, k_out
+
+
+def rms_norm_rope_cache(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache) -> torch.Tensor:
+    """``reference.rms_norm_rope_cache`` in one launch: k and v written into their cache slots in place, q
+    returned; inputs validated by the op. A position outside ``[-T, T)`` writes nothing (eager indexing raises)."""
+    b, s, hq, d = q.shape
+    q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
+    _launch(q, wq, k, wk, eps, cos, sin, q_out, None, (v, positions, k_cache, v_cache))
+    return q_out

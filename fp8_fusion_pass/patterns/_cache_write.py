@@ -1,0 +1,111 @@
+"""Static KV-cache writes in a post-grad graph: ``cache[b, h, positions] = x`` on a graph input, as functionalized.
+
+    the engine (``k_cache.index_put_((rows, heads, at), k)``)       transformers' StaticCache (``index_copy_``)
+    w = index_put(cache, [iota(B)[B,1,1], iota(H)[1,H,1], pos[B,1,S]], x)     w = index_put(cache, [None, None, pos[S]], x)
+                                                                              or index_copy(cache, 2, pos[S], x)
+    ... attention reads w ...
+    copy_(cache, w)                  # the mutation of the graph input, written back at the end
+
+``x [B, H, S, D]``, ``cache [B, H, T, D]``. ``norm_rope`` moves such a write into its kernel (``rms_norm_rope_cache``),
+so only a write Inductor would have done in place is taken: the cache is a placeholder whose only users are the
+write and its one ``copy_`` back, so nothing reads the old contents and Inductor's reinplacing can hand the op the
+cache itself (a write it could not reinplace would cost a copy of the whole cache per step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from . import _graph
+
+aten = torch.ops.aten
+_INT = (torch.int32, torch.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheWrite:
+    write: Node  # the index_put / index_copy: the updated cache
+    cache: Node  # the placeholder it updates
+    copy: Node  # copy_(cache, write)
+    positions: Node  # [B, S] (one position per batch row and token) or [S] (shared by every row)
+    value: Node  # x [B, H, S, D]
+    key: tuple  # what identifies the write's slots: writes with one key go to the same positions
+
+
+def _iota_index(node, n, shape) -> bool:
+    """``node`` is ``reshape(iota(n))`` (0, 1, ... n - 1) with the given broadcast shape."""
+    if not (isinstance(node, Node) and node.target is aten.reshape.default):
+        return False
+    src, v = node.args[0], _graph.val(node)
+    if not (isinstance(src, Node) and src.target is torch.ops.prims.iota.default):
+        return False
+    if src.kwargs.get("start", 0) != 0 or src.kwargs.get("step", 1) != 1 or not statically_known_true(src.args[0] == n):
+        return False
+    return v is not None and v.dim() == 3 and all(statically_known_true(a == b) for a, b in zip(v.shape, shape))
+
+
+def _positions(write: Node, x) -> tuple[Node, tuple] | None:
+    """The positions of a write of ``x [B, H, S, D]`` along dim 2, and its key; None for any other indexing."""
+    b, h, s, _ = x.shape
+    if write.target is aten.index_copy.default:
+        _, dim, pos, _ = write.args
+        return (pos, ("copy", pos)) if dim in (2, -2) else None
+    if write.target is not aten.index_put.default or (len(write.args) > 3 and write.args[3]):
+        return None  # accumulate=True adds into the cache
+    idx = write.args[1]
+    if len(idx) != 3:
+        return None
+    if idx[0] is None and idx[1] is None:
+        return idx[2], ("put", None, None, idx[2])
+    rows, heads, at = idx
+    if not (_iota_index(rows, b, (b, 1, 1)) and _iota_index(heads, h, (1, h, 1))):
+        return None
+    if not (isinstance(at, Node) and at.target is aten.unsqueeze.default and at.args[1] == 1):
+        return None
+    return at.args[0], ("put", rows, heads, at)
+
+
+def _shape_is(t: torch.Tensor, *shapes) -> bool:
+    return any(t.dim() == len(sh) and all(statically_known_true(a == b) for a, b in zip(t.shape, sh)) for sh in shapes)
+
+
+def find(value: Node) -> CacheWrite | None:
+    """The cache write whose only input value is ``value`` (its only user), or None."""
+    if len(value.users) != 1:
+        return None
+    return of_write(next(iter(value.users)), value)
+
+
+def of_write(write: Node, value: Node | None = None) -> CacheWrite | None:
+    if write.op != "call_function" or write.target not in (aten.index_put.default, aten.index_copy.default):
+        return None
+    cache = write.args[0]
+    x = write.args[2] if write.target is aten.index_put.default else write.args[3]
+    if value is not None and x is not value:
+        return None
+    xv, cv = _graph.val(x), _graph.val(cache)
+    if not (isinstance(cache, Node) and cache.op == "placeholder" and isinstance(xv, torch.Tensor)
+            and isinstance(cv, torch.Tensor) and xv.dim() == 4 and cv.dim() == 4):  # fmt: skip
+        return None
+    found = _positions(write, xv)
+    if found is None:
+        return None
+    pos, key = found
+    pv, (b, _, s, _) = _graph.val(pos), xv.shape
+    if not (isinstance(pv, torch.Tensor) and pv.dtype in _INT and _shape_is(pv, (s,), (b, s), (1, s))):
+        return None
+    copies = [u for u in write.users if u.target is aten.copy_.default and u.args == (cache, write)]
+    if len(copies) != 1 or set(cache.users) != {write, copies[0]}:
+        return None  # not the functionalized in-place write of a cache nothing else reads
+    return CacheWrite(write, cache, copies[0], pos, x, key)
+
+
+def partners(write: CacheWrite) -> list[CacheWrite]:
+    """The other writes to the same slots (same positions, same index nodes): the v write of a k write."""
+    graph = write.write.graph
+    found = [of_write(n) for n in graph.nodes if n is not write.write and n.op == "call_function"]
+    return [w for w in found if w is not None and w.key == write.key and w.cache is not write.cache]
