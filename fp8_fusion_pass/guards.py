@@ -38,8 +38,13 @@ REASONS = {
     "unrecognized_spelling": "looks like a norm / silu but its graph spelling matches no registered pattern",
     "inline_changes_output": "inline_norm: the aten ops would not stand in for the op's outputs one for one",
     "operand_defined_later": "group_gemm: a weight or scale is computed after the group's first GEMM; norm_rope: "
-                             "an input of the q / k pair is computed from one of their outputs",
+                             "an input of the q / k pair is computed from one of their outputs; rope_cache: v or "
+                             "the positions are",
     "no_norm_rope_pair": "norm_rope: a q / k norm + RoPE with no second one on the same cos / sin to share a launch",
+    "cache_write_not_in_place": "rope_cache: k feeds more than its cache write, or the cache is not a graph input "
+                                "written only there (Inductor could not write it in place)",
+    "no_kv_write_pair": "rope_cache: not exactly one other cache write (the v write) at the k write's slots",
+    "kv_cache_mismatch": "rope_cache: k, v and the two caches differ in shape or dtype",
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",

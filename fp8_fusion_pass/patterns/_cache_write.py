@@ -24,6 +24,7 @@ from . import _graph
 
 aten = torch.ops.aten
 _INT = (torch.int32, torch.int64)
+_VIEWS = (*_graph.RESHAPES, aten.unsqueeze.default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,40 +34,43 @@ class CacheWrite:
     copy: Node  # copy_(cache, write)
     positions: Node  # [B, S] (one position per batch row and token) or [S] (shared by every row)
     value: Node  # x [B, H, S, D]
-    key: tuple  # what identifies the write's slots: writes with one key go to the same positions
+    key: tuple  # (positions, per batch row?): writes with one key go to the same slots
 
 
 def _iota_index(node, n, shape) -> bool:
-    """``node`` is ``reshape(iota(n))`` (0, 1, ... n - 1) with the given broadcast shape."""
-    if not (isinstance(node, Node) and node.target is aten.reshape.default):
+    """``node`` is ``iota(n)`` (0, 1, ... n - 1) put into the given broadcast shape by reshapes / unsqueezes
+    (``arange(b)[:, None, None]``, however it was spelled)."""
+    v = _graph.val(node)
+    if v is None or v.dim() != 3 or not all(statically_known_true(a == b) for a, b in zip(v.shape, shape)):
         return False
-    src, v = node.args[0], _graph.val(node)
-    if not (isinstance(src, Node) and src.target is torch.ops.prims.iota.default):
+    while isinstance(node, Node) and node.target in _VIEWS:
+        node = node.args[0]
+    if not (isinstance(node, Node) and node.target is torch.ops.prims.iota.default):
         return False
-    if src.kwargs.get("start", 0) != 0 or src.kwargs.get("step", 1) != 1 or not statically_known_true(src.args[0] == n):
-        return False
-    return v is not None and v.dim() == 3 and all(statically_known_true(a == b) for a, b in zip(v.shape, shape))
+    return node.kwargs.get("start", 0) == 0 and node.kwargs.get("step", 1) == 1 and statically_known_true(
+        node.args[0] == n)
 
 
 def _positions(write: Node, x) -> tuple[Node, tuple] | None:
-    """The positions of a write of ``x [B, H, S, D]`` along dim 2, and its key; None for any other indexing."""
-    b, h, s, _ = x.shape
+    """The positions of a write of ``x [B, H, S, D]`` along dim 2 and its key (the positions node and whether they
+    are per batch row); None for any other indexing."""
+    b, h, _, _ = x.shape
     if write.target is aten.index_copy.default:
         _, dim, pos, _ = write.args
-        return (pos, ("copy", pos)) if dim in (2, -2) else None
+        return (pos, (pos, False)) if dim in (2, -2) else None
     if write.target is not aten.index_put.default or (len(write.args) > 3 and write.args[3]):
         return None  # accumulate=True adds into the cache
     idx = write.args[1]
     if len(idx) != 3:
         return None
     if idx[0] is None and idx[1] is None:
-        return idx[2], ("put", None, None, idx[2])
+        return idx[2], (idx[2], False)
     rows, heads, at = idx
     if not (_iota_index(rows, b, (b, 1, 1)) and _iota_index(heads, h, (1, h, 1))):
         return None
     if not (isinstance(at, Node) and at.target is aten.unsqueeze.default and at.args[1] == 1):
         return None
-    return at.args[0], ("put", rows, heads, at)
+    return at.args[0], (at.args[0], True)
 
 
 def _shape_is(t: torch.Tensor, *shapes) -> bool:
@@ -105,7 +109,7 @@ def of_write(write: Node, value: Node | None = None) -> CacheWrite | None:
 
 
 def partners(write: CacheWrite) -> list[CacheWrite]:
-    """The other writes to the same slots (same positions, same index nodes): the v write of a k write."""
+    """The other writes to the same slots (the same positions, indexed the same way): the v write of a k write."""
     graph = write.write.graph
     found = [of_write(n) for n in graph.nodes if n is not write.write and n.op == "call_function"]
     return [w for w in found if w is not None and w.key == write.key and w.cache is not write.cache]

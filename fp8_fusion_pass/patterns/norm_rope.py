@@ -36,19 +36,17 @@ import dataclasses
 import operator
 
 import torch
-from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import guards
-from . import _cache_write, _graph
+from . import _graph
 from .norm_quant import FORMS
 
 aten = torch.ops.aten
 RMS_NORM = torch.ops.fp8_fusion.rms_norm.default
 FUSED = torch.ops.fp8_fusion.rms_norm_rope.default
-CACHED = torch.ops.fp8_fusion.rms_norm_rope_cache.default
 NAME = "norm_rope"
 _END = 2**63 - 1  # slice(x, dim, start) with no end, as traced
 
@@ -166,14 +164,11 @@ def _check(norm: Norm, chain: dict) -> guards.Verdict:
     return guards.OK
 
 
-def _inputs_precede(q: tuple[Norm, dict], k: tuple[Norm, dict], writes=()) -> bool:
-    """None of the fused op's inputs is computed from either RoPE's output (or a cache write it takes over): one
-    op for all of them cannot then close a cycle (a model whose k depends on its q's attention, say), whatever the
-    graph order."""
+def _inputs_precede(q: tuple[Norm, dict], k: tuple[Norm, dict]) -> bool:
+    """None of the fused op's inputs is computed from either RoPE's output: one op for both cannot then close a
+    cycle (a model whose k depends on its q's attention, say), whatever the graph order."""
     inputs = {q[0].x, q[0].w, k[0].x, k[0].w, q[1]["cos"], q[1]["sin"]}
-    if writes:  # k's write takes k's RoPE output, an output of the op; v's takes v, an input
-        inputs |= {writes[1].value, writes[0].positions}
-    seen, todo = set(), [q[1]["out"], k[1]["out"], *(w.write for w in writes)]
+    seen, todo = set(), [q[1]["out"], k[1]["out"]]
     while todo:
         n = todo.pop()
         if n in inputs:
@@ -184,34 +179,11 @@ def _inputs_precede(q: tuple[Norm, dict], k: tuple[Norm, dict], writes=()) -> bo
     return True
 
 
-def cache_writes(q: tuple[Norm, dict], k: tuple[Norm, dict]) -> tuple[tuple | None, str]:
-    """The (k, v) static-cache writes the fused op can take over (``_cache_write``), or None and why not."""
-    kw = _cache_write.find(k[1]["out"])
-    if kw is None:
-        return None, "k is not written into a static cache by index (or is also read elsewhere)"
-    vws = _cache_write.partners(kw)
-    if len(vws) != 1:
-        return None, f"{len(vws)} other cache writes at k's positions, not one (the v write)"
-    vw = vws[0]
-    kv, vv, kc, vc = (_graph.val(n) for n in (kw.value, vw.value, kw.cache, vw.cache))
-    if not (_graph.same_shape(kw.value, vw.value) and _graph.same_shape(kw.cache, vw.cache)
-            and kv.dtype == vv.dtype == kc.dtype == vc.dtype):  # fmt: skip
-        return None, f"k {tuple(kv.shape)} / v {tuple(vv.shape)} and their caches differ in shape or dtype"
-    if not _inputs_precede(q, k, (kw, vw)):
-        return None, "v or the positions are computed from the RoPE outputs"
-    return (kw, vw), ""
-
-
 def rewrite(graph: Graph, q: tuple[Norm, dict], k: tuple[Norm, dict]) -> str:
-    """One ``rms_norm_rope`` for the pair, or ``rms_norm_rope_cache`` where k and v go only into a static cache:
-    its outputs where the RoPE adds (and the cache writes) were; then a stable topological sort (k's input, or v,
-    may be defined after q's RoPE users)."""
+    """One ``rms_norm_rope`` for the pair, its outputs where the two RoPE adds were; then a stable topological
+    sort (k's input may be defined after q's RoPE users)."""
     (qn, qc), (kn, kc) = q, k
     detail = f"q {list(_graph.val(qn.x).shape)} and k {list(_graph.val(kn.x).shape)} in one launch"
-    writes, why = cache_writes(q, k)
-    if writes is not None:
-        _rewrite_with_cache(graph, q, k, writes)
-        return f"{detail}, with the k / v cache writes"
     first_use = min((u for c in (qc, kc) for u in c["out"].users), key=_position(graph), default=None)
     with _graph.Edit(graph, before=first_use if first_use is not None else graph.output_node()) as e:
         fused = e.call(FUSED, qn.x, qn.w, kn.x, kn.w, float(qn.eps), qc["cos"], qc["sin"])
@@ -220,29 +192,7 @@ def rewrite(graph: Graph, q: tuple[Norm, dict], k: tuple[Norm, dict]) -> str:
         chain["out"].replace_all_uses_with(out)
     _graph.erase_dead(graph, [qc["out"], kc["out"]])
     stable_topological_sort(graph)
-    return f"{detail}; the cache writes stay Inductor's: {why}"
-
-
-def _rewrite_with_cache(graph: Graph, q: tuple[Norm, dict], k: tuple[Norm, dict], writes) -> None:
-    """``auto_functionalized_v2(rms_norm_rope_cache, ..., _all_bases=[k_cache, v_cache])``: the form
-    functionalization gives a mutating op, so Inductor's reinplacing hands the kernel the caches themselves (the
-    ``copy_`` back to each input then becomes a no-op) and its lowering sees an ordinary custom-op mutation."""
-    (qn, qc), (kn, _), (kw, vw) = q, k, writes
-    users = [u for n in (qc["out"], kw.write, vw.write) for u in n.users if u not in (kw.copy, vw.copy)]
-    first_use = min(users, key=_position(graph), default=None)
-    with _graph.Edit(graph, before=first_use if first_use is not None else kw.copy) as e:
-        af = e.call(auto_functionalized_v2, CACHED, q=qn.x, wq=qn.w, k=kn.x, wk=kn.w, eps=float(qn.eps),
-                    cos=qc["cos"], sin=qc["sin"], v=vw.value, positions=kw.positions,
-                    _k_cache_base_index=0, _v_cache_base_index=1, _all_bases=[kw.cache, vw.cache])  # fmt: skip
-        q_out, k_cache, v_cache = (e.call(operator.getitem, af, i) for i in range(3))
-    qc["out"].replace_all_uses_with(q_out)
-    kw.write.replace_all_uses_with(k_cache)  # the copy_ back included: copy_(cache, new cache)
-    vw.write.replace_all_uses_with(v_cache)
-    index_nodes = [n for w in (kw, vw) for n in w.write.all_input_nodes if n not in (w.cache, w.value)]
-    for w in (kw, vw):
-        graph.erase_node(w.write)
-    _graph.erase_dead(graph, [qc["out"], kw.value, *index_nodes])
-    stable_topological_sort(graph)
+    return detail
 
 
 def _position(graph: Graph):

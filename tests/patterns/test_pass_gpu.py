@@ -85,3 +85,27 @@ def _assert_close_to_eager(fused, plain, what):
     err, noise = _rel(fused, eager), _rel(plain, eager)
     print(f"{what}: vs eager, with the pass {err:.4f}, without {noise:.4f}; with vs without {_rel(fused, plain):.4f}")
     assert err <= tolerances.pass_vs_eager_bound(noise)
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_engine_decode_step_writes_its_kv_cache_in_the_rope_launch(mode):
+    # rope_cache: the k / v cache writes inside rms_norm_rope_cache (a mutating op Inductor must reinplace); with
+    # and without it the logits and every cache bit for bit (the rewrite is bit-exact), and the step did write
+    model = build_model("qwen3-tiny", form="engine", layers=2, device="cuda")
+    ids = torch.randint(0, 100, (4, 1), device="cuda")
+    positions = torch.tensor([[3], [9], [0], [15]], device="cuda")
+    results = []
+    for config in (fp8_fusion_pass.FusionConfig(), fp8_fusion_pass.FusionConfig(rope_cache=False)):
+        torch._dynamo.reset()
+        report_mod.clear_reports()
+        cache = model.new_kv_cache(4, 16)
+        step = torch.compile(model, backend=fp8_fusion_pass.backend(config, **NO_CACHE), mode=mode)
+        with torch.no_grad():
+            for _ in range(3):  # CUDA graphs record on call 2-3; each call writes the same slots with the same values
+                out = step(ids, positions, cache).clone()
+        results.append((out, [t.clone() for t in cache.k + cache.v], report_mod.all_reports()[0].counts()))
+    torch._dynamo.reset()
+    (got, got_cache, counts), (want, want_cache, counts_off) = results
+    assert counts.get("rope_cache") == 2 and "rope_cache" not in counts_off, (counts, counts_off)
+    assert torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(got_cache, want_cache))
+    assert all(t.abs().sum() > 0 for t in got_cache)

@@ -1,0 +1,131 @@
+"""``rms_norm_rope_cache``: ``rms_norm_rope`` with the static KV-cache writes in the same launch.
+
+CPU: the Triton kernel under ``TRITON_INTERPRET=1`` (``tests/conftest.py``) against ``reference.rms_norm_rope_cache``
+and against the kernel's own ``rms_norm_rope`` (the same launch without the writes: q and the written k bit for
+bit); positions per batch row, shared ([S] as HF's ``cache_position``, [1, S]), int32, negative, out of range;
+every other slot untouched; input errors. The GPU twin is ``test_rms_norm_rope_cache_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8_fusion_pass.kernels import backends, ops  # noqa: F401  (ops registers torch.ops.fp8_fusion)
+from fp8_fusion_pass.kernels import reference as ref
+
+CACHED = torch.ops.fp8_fusion.rms_norm_rope_cache
+ROPE = torch.ops.fp8_fusion.rms_norm_rope
+BF16 = torch.bfloat16
+EPS = 1e-6
+
+
+def cache_inputs(b, s, hq, hk, d, t, device="cpu", seed=0):
+    """q, k, v as views of one qkv output (v transposed to [B, Hk, S, D], as the engine and HF pass it), weights,
+    cos / sin, and two caches [B, Hk, T, D] filled with values no write produces."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(b, s, (hq + 2 * hk) * d, generator=g) * 3).to(device, BF16)
+    q = qkv[..., : hq * d].view(b, s, hq, d)
+    k = qkv[..., hq * d : (hq + hk) * d].view(b, s, hk, d)
+    v = qkv[..., (hq + hk) * d :].view(b, s, hk, d).transpose(1, 2)
+    wq, wk = ((torch.rand(d, generator=g) + 0.5).to(device, BF16) for _ in range(2))
+    freqs = (5 + torch.arange(s))[None, :, None].float() / (1e6 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.cat([freqs, freqs], -1)
+    caches = [torch.full((b, hk, t, d), fill, dtype=BF16, device=device) for fill in (-7.0, 9.0)]
+    return (q, wq, k, wk, EPS, emb.cos().to(device, BF16), emb.sin().to(device, BF16), v), caches
+
+
+def check_against_reference_and_rope(args, caches, positions):
+    """The Triton launch against the reference (exact cache contents for v, the reference's k within the rope
+    contract) and against the kernel's own rms_norm_rope (q and the written k bit for bit)."""
+    want_caches = [c.clone() for c in caches]
+    want_q = ref.rms_norm_rope_cache(*args, positions, *want_caches)
+    with backends.use_backend("triton"):
+        got_q = CACHED(*args, positions, *caches)
+        own_q, own_k = ROPE(*args[:7])
+    assert torch.equal(got_q, own_q)
+    k_only = [c.clone() for c in want_caches]
+    ref.write_cache(k_only[0], own_k, positions)  # the kernel's k at the reference's slots
+    assert torch.equal(caches[0], k_only[0]), "k cache"
+    assert torch.equal(caches[1], want_caches[1]), "v cache"
+    torch.testing.assert_close(got_q, want_q, atol=0, rtol=2**-6)  # rstd's order only (test_rms_norm_rope.py)
+
+
+@pytest.mark.parametrize("b, s, positions", [
+    (2, 1, [[5], [9]]),  # decode: one token per batch row, each at its own position ([B, S], the engine's)
+    (3, 2, [[0, 1], [6, 7], [-2, -1]]),  # negative positions count from the end, as indexing does
+    (2, 3, [4, 5, 6]),  # [S]: one position per token for every row (HF's cache_position)
+    (2, 3, [[1, 3, 5]]),  # [1, S]
+])  # fmt: skip
+def test_writes_the_slots_and_nothing_else(b, s, positions):
+    args, caches = cache_inputs(b, s, 4, 2, 64, t=11)
+    check_against_reference_and_rope(args, caches, torch.tensor(positions))
+
+
+def test_int32_positions_and_qwen3_8b_heads():
+    args, caches = cache_inputs(3, 1, 32, 8, 128, t=20)
+    check_against_reference_and_rope(args, caches, torch.tensor([[19], [0], [7]], dtype=torch.int32))
+
+
+def test_out_of_range_positions_write_nothing():
+    # eager indexing raises here; the kernel must not write outside the cache (nor anywhere else)
+    args, caches = cache_inputs(2, 1, 4, 2, 64, t=8)
+    before = [c.clone() for c in caches]
+    with backends.use_backend("triton"):
+        CACHED(*args, torch.tensor([[8], [-9]]), *caches)
+    assert all(torch.equal(c, c0) for c, c0 in zip(caches, before))
+    with pytest.raises(IndexError):
+        ref.rms_norm_rope_cache(*args, torch.tensor([[8], [0]]), *before)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a, c, p: (a, [c[0][:, :1], c[1][:, :1]], p), "k_cache must be"),
+    (lambda a, c, p: (a, [c[0], c[1][..., :32].contiguous()], p), "v_cache must be"),
+    (lambda a, c, p: (a, [c[0], c[1].float()], p), "v_cache must be"),
+    (lambda a, c, p: ((*a[:7], a[7][:, :1]), c, p), "v must be"),
+    (lambda a, c, p: (a, c, p.float()), "positions must be"),
+    (lambda a, c, p: (a, c, p[:, None]), "positions must be"),
+])  # fmt: skip
+def test_bad_inputs_raise_clear_errors(change, match):
+    args, caches = cache_inputs(2, 1, 4, 2, 64, t=8)
+    args, caches, positions = change(args, caches, torch.tensor([[1], [2]]))
+    for backend in ("triton", "reference"):
+        with backends.use_backend(backend), pytest.raises(ValueError, match=match):
+            CACHED(*args, positions, *caches)
+
+
+# ---------------------------------------------------------------- on a CUDA GPU (`pytest -m gpu`)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, s", [(1, 1), (8, 1), (64, 1), (1, 2048)])  # decode batches and a prefill
+@pytest.mark.parametrize("hq, hk", [(32, 8), (64, 8)])  # Qwen3-8B, Qwen3-32B
+def test_gpu_at_model_shapes(b, s, hq, hk):
+    args, caches = cache_inputs(b, s, hq, hk, 128, t=s + 576, device="cuda")
+    positions = (torch.arange(s)[None] + 7 * torch.arange(b)[:, None] + 500).cuda()
+    check_against_reference_and_rope(args, caches, positions)
+
+
+@pytest.mark.gpu
+def test_gpu_in_cuda_graph_replays():
+    args, caches = cache_inputs(8, 1, 32, 8, 128, t=64, device="cuda")
+    positions = torch.arange(8, device="cuda")[:, None] * 7
+    with backends.use_backend("triton"):
+        want_q = CACHED(*args, positions, *caches)
+        want = [c.clone() for c in caches]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            q = CACHED(*args, positions, *caches)
+    rows, at = torch.arange(8)[:, None], positions.cpu()
+    bad = 0
+    for i in range(20):
+        for c in caches:
+            c.fill_(float(i))
+        q.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = [torch.full_like(w, float(i)) for w in want]
+        for e, w in zip(expected, want):
+            e[rows, :, at] = w[rows, :, at]  # the written slots as the eager launch wrote them, the rest refilled
+        bad += not (torch.equal(q, want_q) and all(torch.equal(c, e) for c, e in zip(caches, expected)))
+    assert bad == 0
