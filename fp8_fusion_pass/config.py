@@ -10,8 +10,8 @@ import dataclasses
 import os
 
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
-FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "norm_rope", "rope_cache", "inline_norm", "group_gemm",
-           "gemm_silu_quant", "quant_gemm", "zero_fill")
+FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "norm_rope", "qk_rope", "rope_cache", "inline_norm",
+           "group_gemm", "gemm_silu_quant", "quant_gemm", "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 
@@ -26,8 +26,11 @@ class FusionConfig:
     # Qwen3-8B decode step (patterns/norm_rope.py). Not bit-exact against Inductor's fusion of the inlined norms
     # (deterministic mode keeps it off).
     norm_rope: bool = True
-    # rms_norm_rope whose k (and a v beside it) go only into static KV caches by index  =>  rms_norm_rope_cache, the
-    # writes in the same launch (patterns/rope_cache.py). Bit-exact: the same k, v copied.
+    # Llama's q / k RoPE (no norms)  =>  one qk_rope launch for both, which rope_cache then gives the cache writes
+    # (patterns/qk_rope.py). Not bit-exact against Inductor's fp32 RoPE (deterministic mode keeps it off).
+    qk_rope: bool = True
+    # rms_norm_rope / qk_rope whose k (and a v beside it) go only into static KV caches by index  =>  the *_cache op,
+    # the writes in the same launch (patterns/rope_cache.py). Bit-exact: the same k, v copied.
     rope_cache: bool = True
     # rms_norm / add_rms_norm ops left after the fusions  =>  their aten ops, for Inductor to fuse with neighbours.
     # Not bit-exact (deterministic mode keeps it off); measured on the H200 (patterns/inline_norm.py).

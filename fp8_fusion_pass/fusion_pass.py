@@ -174,6 +174,7 @@ class _Run:
             for name, stage in (("dedup_quant", self._dedup), ("fusions", self._fuse),
                                 ("why-not scan", self._explain),
                                 ("norm_rope", functools.partial(self._whole_graph_rewrite, "norm_rope")),
+                                ("qk_rope", functools.partial(self._whole_graph_rewrite, "qk_rope")),
                                 ("rope_cache", functools.partial(self._whole_graph_rewrite, "rope_cache")),
                                 ("inline_norm", functools.partial(self._whole_graph_rewrite, "inline_norm")),
                                 ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
@@ -227,7 +228,8 @@ class _Run:
 
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope,
-        rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm. Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
+        qk_rope, rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm. Each rewrites one site whole or
+        not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
                                      self.deterministic).ok:

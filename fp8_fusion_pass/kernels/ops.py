@@ -20,8 +20,10 @@ Outputs (``x [..., K]``, ``g = group_size``):
                                                      -> (q [M, I], scale [M, I/g])
   group_quant_blockscale_mm(x [M,K], w_q [N,K], w_scale, out_dtype, g)               -> y [M, N]
   rms_norm_rope(q [B,S,Hq,D], wq, k [B,S,Hk,D], wk, eps, cos [B,S,D], sin)  -> (q [B,Hq,S,D], k [B,Hk,S,D])
+  qk_rope(q [B,S,Hq,D], k [B,S,Hk,D], cos, sin)     -> (q [B,Hq,S,D], k [B,Hk,S,D])   (rms_norm_rope without norms)
   rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v [B,Hk,S,D], positions [B|1,S] or [S], k_cache!, v_cache!)
                                                      -> q [B,Hq,S,D]; k, v written at positions into the caches [B,Hk,T,D]
+  qk_rope_cache(q, k, cos, sin, v, positions, k_cache!, v_cache!) -> q     (the same, without norms)
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -258,8 +260,9 @@ def _check_norm_rope(op, q, wq, k, wk, cos, sin):
                          f"{tuple(k.shape)} {k.dtype}")  # fmt: skip
     if d % 2:
         raise ValueError(f"{op}: the head dim must be even (rotate-half RoPE), got {d}")
-    checks.norm_weight(op, q, wq)
-    checks.norm_weight(op, k, wk)
+    if wq is not None:  # qk_rope: no norms
+        checks.norm_weight(op, q, wq)
+        checks.norm_weight(op, k, wk)
     for name, t in (("cos", cos), ("sin", sin)):
         if t.dim() != 3 or t.shape[0] not in (1, b) or tuple(t.shape[1:]) != (s, d) or t.dtype != q.dtype:
             raise ValueError(f"{op}: {name} must be [{b} or 1, {s}, {d}] of q's dtype {q.dtype}, got "
@@ -324,6 +327,36 @@ def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache):
     return q.new_empty((b, hq, s, d))
 
 
+@custom_op(f"{NS}::qk_rope", mutates_args=())
+def qk_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Llama attention's RoPE on q and k (``reference.qk_rope``: ``rms_norm_rope`` without the norms), both
+    tensors in one launch on the Triton backend. Outputs ``[B, H, S, D]`` contiguous."""
+    _check_norm_rope("qk_rope", q, None, k, None, cos, sin)
+    return _kernel("qk_rope", q)(q, k, cos, sin)
+
+
+@qk_rope.register_fake
+def _(q, k, cos, sin):
+    _check_norm_rope("qk_rope", q, None, k, None, cos, sin)
+    b, s, hq, d = q.shape
+    return q.new_empty((b, hq, s, d)), k.new_empty((b, k.shape[2], s, d))
+
+
+@custom_op(f"{NS}::qk_rope_cache", mutates_args=("k_cache", "v_cache"))
+def qk_rope_cache(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor,
+                  v_cache: Tensor) -> Tensor:
+    """``qk_rope`` with the static KV-cache writes after it, as ``rms_norm_rope_cache``; returns q."""
+    _check_norm_rope_cache("qk_rope_cache", q, None, k, None, cos, sin, v, positions, k_cache, v_cache)
+    return _kernel("qk_rope_cache", q)(q, k, cos, sin, v, positions, k_cache, v_cache)
+
+
+@qk_rope_cache.register_fake
+def _(q, k, cos, sin, v, positions, k_cache, v_cache):
+    _check_norm_rope_cache("qk_rope_cache", q, None, k, None, cos, sin, v, positions, k_cache, v_cache)
+    b, s, hq, d = q.shape
+    return q.new_empty((b, hq, s, d))
+
+
 # ---------------------------------------------------------------- mutating (the zero-fill case)
 
 
@@ -351,5 +384,5 @@ def _(out, x, scale):
 
 UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm")
 FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
-         "blockscale_mm_silu_mul_group_quant", "rms_norm_rope", "rms_norm_rope_cache")
-MUTATING = ("dynamic_per_tensor_quant", "rms_norm_rope_cache")
+         "blockscale_mm_silu_mul_group_quant", "rms_norm_rope", "rms_norm_rope_cache", "qk_rope", "qk_rope_cache")
+MUTATING = ("dynamic_per_tensor_quant", "rms_norm_rope_cache", "qk_rope_cache")

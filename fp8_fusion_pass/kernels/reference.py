@@ -71,6 +71,20 @@ def rms_norm_rope_cache(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cach
     return q_out
 
 
+def qk_rope(q, k, cos, sin):
+    """Llama attention's RoPE on q and k (no norms): ``q [B, S, Hq, D]``, ``k [B, S, Hk, D]`` ->
+    ``(rope(q.transpose(1, 2)), rope(k.transpose(1, 2)))``, each ``[B, H, S, D]`` contiguous."""
+    return tuple(rope(x.transpose(1, 2), cos, sin).contiguous() for x in (q, k))
+
+
+def qk_rope_cache(q, k, cos, sin, v, positions, k_cache, v_cache) -> torch.Tensor:
+    """``qk_rope``, then its k and ``v`` written into their static caches (``write_cache``); returns q."""
+    q_out, k_out = qk_rope(q, k, cos, sin)
+    write_cache(k_cache, k_out, positions)
+    write_cache(v_cache, v, positions)
+    return q_out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` with gate the first half of the last dim; each step rounds to x.dtype as HF does."""
     d = x.shape[-1] // 2

@@ -65,5 +65,7 @@ def kernels() -> dict:
         "group_quant_blockscale_mm": group_quant_blockscale_mm,
         "rms_norm_rope": ref.rms_norm_rope,
         "rms_norm_rope_cache": ref.rms_norm_rope_cache,
+        "qk_rope": ref.qk_rope,
+        "qk_rope_cache": ref.qk_rope_cache,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

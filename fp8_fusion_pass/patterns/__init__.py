@@ -31,7 +31,9 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("silu_quant", "silu_quant", "silu_quant", "silu_mul_group_quant", True),
     # rms_norm -> permute -> rotate-half RoPE, for q and for k on one cos / sin  ->  one rms_norm_rope
     Fusion("norm_rope", "norm_rope", "norm_rope", "rms_norm_rope", False),
-    # rms_norm_rope -> k into a static cache by index, v beside it  ->  rms_norm_rope_cache (writes both, in place)
+    # reshape -> permute -> rotate-half RoPE (no norm: Llama), for q and for k on one cos / sin  ->  one qk_rope
+    Fusion("qk_rope", "qk_rope", "qk_rope", "qk_rope", False),
+    # rms_norm_rope / qk_rope -> k into a static cache by index, v beside it  ->  *_cache (both writes, in place)
     Fusion("rope_cache", "rope_cache", "rope_cache", "rms_norm_rope_cache", True),
     # rms_norm / add_rms_norm with no quant consumer (left after the fusions)  ->  its aten ops
     Fusion("inline_norm", "inline_norm", "inline_norm", None, False),

@@ -47,6 +47,7 @@ from .norm_quant import FORMS
 aten = torch.ops.aten
 RMS_NORM = torch.ops.fp8_fusion.rms_norm.default
 FUSED = torch.ops.fp8_fusion.rms_norm_rope.default
+QK_ROPE = torch.ops.fp8_fusion.qk_rope.default
 NAME = "norm_rope"
 _END = 2**63 - 1  # slice(x, dim, start) with no end, as traced
 
@@ -75,9 +76,9 @@ def _other(pair, node):
 class Norm:
     """One RMSNorm in the graph: its output node and its (x, w, eps), whichever way it is spelled."""
 
-    out: Node  # the fp8_fusion.rms_norm node, or the last mul of HF's plain-torch norm
+    out: Node  # the fp8_fusion.rms_norm node, or the last mul of HF's plain-torch norm (qk_rope: the view itself)
     x: Node
-    w: Node
+    w: Node | None  # None: no norm (qk_rope)
     eps: object
 
 
@@ -147,8 +148,9 @@ def rope_chain(norm: Norm) -> dict | None:
 def _check(norm: Norm, chain: dict) -> guards.Verdict:
     x, cos, sin = (_graph.val(n) for n in (norm.x, chain["cos"], chain["sin"]))
     d = x.shape[-1]
-    verdict = guards.first_failure(guards.should_fuse_norm_rope, lambda: guards.can_eps(norm.eps),
-                                   lambda: guards.can_dtype(x))
+    verdict = guards.first_failure(guards.should_fuse_norm_rope,
+                                   lambda: guards.OK if norm.w is None else guards.can_eps(norm.eps),  # qk_rope
+                                   lambda: guards.can_dtype(x))  # fmt: skip
     if not verdict.ok:
         return verdict
     # kernels/triton/rms_norm_rope.unsupported's rule, restated: the pass must not import Triton
@@ -180,13 +182,16 @@ def _inputs_precede(q: tuple[Norm, dict], k: tuple[Norm, dict]) -> bool:
 
 
 def rewrite(graph: Graph, q: tuple[Norm, dict], k: tuple[Norm, dict]) -> str:
-    """One ``rms_norm_rope`` for the pair, its outputs where the two RoPE adds were; then a stable topological
-    sort (k's input may be defined after q's RoPE users)."""
+    """One ``rms_norm_rope`` for the pair (``qk_rope`` for a pair without norms), its outputs where the two RoPE
+    adds were; then a stable topological sort (k's input may be defined after q's RoPE users)."""
     (qn, qc), (kn, kc) = q, k
     detail = f"q {list(_graph.val(qn.x).shape)} and k {list(_graph.val(kn.x).shape)} in one launch"
     first_use = min((u for c in (qc, kc) for u in c["out"].users), key=_position(graph), default=None)
     with _graph.Edit(graph, before=first_use if first_use is not None else graph.output_node()) as e:
-        fused = e.call(FUSED, qn.x, qn.w, kn.x, kn.w, float(qn.eps), qc["cos"], qc["sin"])
+        if qn.w is None:
+            fused = e.call(QK_ROPE, qn.x, kn.x, qc["cos"], qc["sin"])
+        else:
+            fused = e.call(FUSED, qn.x, qn.w, kn.x, kn.w, float(qn.eps), qc["cos"], qc["sin"])
         outs = [e.call(operator.getitem, fused, i) for i in (0, 1)]
     for chain, out in zip((qc, kc), outs):
         chain["out"].replace_all_uses_with(out)
@@ -201,15 +206,21 @@ def _position(graph: Graph):
 
 
 def run(graph: Graph, report) -> None:
+    pair_and_rewrite(graph, report, NAME, norms(graph))
+
+
+def pair_and_rewrite(graph: Graph, report, name: str, heads: list[Norm]) -> None:
+    """Pair the RoPE chains after ``heads`` (norms, or for ``qk_rope`` the q / k views themselves) that share a
+    cos, sin and eps, q / k in graph order, and rewrite each pair into one op; report every outcome as ``name``."""
     groups: dict[tuple, list[tuple[Norm, dict]]] = {}
-    for norm in norms(graph):
+    for norm in heads:
         chain = rope_chain(norm)
         if chain is None:
             continue  # not a norm before RoPE: inline_norm's (an op) or Inductor's (HF's plain torch)
         shapes, dtype = _graph.shape_str(x=norm.x), _graph.dtype_str(norm.x)
         verdict = _check(norm, chain)
         if not verdict.ok:
-            report.reject(NAME, norm.out.name, verdict.reason, verdict.detail, shapes, dtype)
+            report.reject(name, norm.out.name, verdict.reason, verdict.detail, shapes, dtype)
             continue
         key = (chain["cos"], chain["sin"], norm.eps)  # one table pair: one B and S (checked against x above)
         groups.setdefault(key, []).append((norm, chain))
@@ -218,17 +229,16 @@ def run(graph: Graph, report) -> None:
             q, k = sites[i], sites[i + 1]
             shapes, dtype = _graph.shape_str(q=q[0].x, k=k[0].x), _graph.dtype_str(q[0].x)
             if not _inputs_precede(q, k):
-                report.reject(NAME, q[0].out.name, "operand_defined_later", "an input of the pair is computed from "
+                report.reject(name, q[0].out.name, "operand_defined_later", "an input of the pair is computed from "
                               "one of their RoPE outputs: the two stay apart", shapes, dtype)  # fmt: skip
                 continue
             try:
                 detail = rewrite(graph, q, k)
             except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-                report.error(NAME, q[0].out.name, f"replacement raised {type(e).__name__}: {e}")
+                report.error(name, q[0].out.name, f"replacement raised {type(e).__name__}: {e}")
                 continue
-            report.apply(NAME, q[0].out.name, shapes, dtype, detail)
+            report.apply(name, q[0].out.name, shapes, dtype, detail)
         if len(sites) % 2:
             norm = sites[-1][0]
-            report.reject(NAME, norm.out.name, "no_norm_rope_pair", "no second norm + RoPE on the same cos / sin: "
-                          "left as it is (inline_norm takes an op)", _graph.shape_str(x=norm.x),
-                          _graph.dtype_str(norm.x))
+            report.reject(name, norm.out.name, "no_norm_rope_pair", "no second RoPE chain on the same cos / sin: "
+                          "left as it is", _graph.shape_str(x=norm.x), _graph.dtype_str(norm.x))

@@ -1,4 +1,4 @@
-"""The static KV-cache writes after ``rms_norm_rope``: into the same launch.
+"""The static KV-cache writes after ``rms_norm_rope`` (or ``qk_rope``, Llama's): into the same launch.
 
     before (a decode step with a static cache; the writes as functionalized, ``_cache_write``)
     q, k = rms_norm_rope(q, w_q, k, w_k, eps, cos, sin)
@@ -7,6 +7,7 @@
 
     after
     af = auto_functionalized_v2(rms_norm_rope_cache, q=.., v=v, positions=pos, _all_bases=[k_cache, v_cache])
+                                                            (qk_rope -> qk_rope_cache, the same way)
     q = af[0]; k_new = af[1]; v_new = af[2]                (copy_ back unchanged: Inductor makes it a no-op)
 
 Why: with ``norm_rope`` the k- and v-cache writes stayed two Inductor launches of their own (1.1 us each at
@@ -36,8 +37,12 @@ from torch.fx import Graph, Node
 from .. import guards
 from . import _cache_write, _graph
 
-ROPE = torch.ops.fp8_fusion.rms_norm_rope.default
-FUSED = torch.ops.fp8_fusion.rms_norm_rope_cache.default
+_ops = torch.ops.fp8_fusion
+# the op that computes k -> (its *_cache twin, the names of its arguments, which the twin takes by the same names)
+CACHED = {
+    _ops.rms_norm_rope.default: (_ops.rms_norm_rope_cache.default, ("q", "wq", "k", "wk", "eps", "cos", "sin")),
+    _ops.qk_rope.default: (_ops.qk_rope_cache.default, ("q", "k", "cos", "sin")),
+}
 NAME = "rope_cache"
 _WRITES = (torch.ops.aten.index_put.default, torch.ops.aten.index_copy.default)
 
@@ -92,11 +97,10 @@ def rewrite(graph: Graph, rope: Node, q: Node | None, kw, vw) -> str:
     order = {n: i for i, n in enumerate(graph.nodes)}
     readers = [u for n in (q, kw.write, vw.write) if n is not None for u in n.users if u not in (kw.copy, vw.copy)]
     first = min(readers, key=order.__getitem__, default=kw.copy)
-    qx, wq, kx, wk, eps, cos, sin = rope.args
+    cached, names = CACHED[rope.target]
     with _graph.Edit(graph, before=first) as e:
-        af = e.call(auto_functionalized_v2, FUSED, q=qx, wq=wq, k=kx, wk=wk, eps=eps, cos=cos, sin=sin, v=vw.value,
-                    positions=kw.positions, _k_cache_base_index=0, _v_cache_base_index=1,
-                    _all_bases=[kw.cache, vw.cache])  # fmt: skip
+        af = e.call(auto_functionalized_v2, cached, **dict(zip(names, rope.args)), v=vw.value, positions=kw.positions,
+                    _k_cache_base_index=0, _v_cache_base_index=1, _all_bases=[kw.cache, vw.cache])  # fmt: skip
         q_out, k_cache, v_cache = (e.call(operator.getitem, af, i) for i in range(3))
     if q is not None:
         q.replace_all_uses_with(q_out)
@@ -111,11 +115,11 @@ def rewrite(graph: Graph, rope: Node, q: Node | None, kw, vw) -> str:
 
 
 def run(graph: Graph, report) -> None:
-    for rope in [n for n in graph.nodes if n.op == "call_function" and n.target is ROPE]:
+    for rope in [n for n in graph.nodes if n.op == "call_function" and n.target in CACHED]:
         q, k = _outputs(rope)
         if k is None or not any(u.target in _WRITES for u in k.users):
             continue  # k goes into no indexed write (no cache: prefill): nothing to take
-        shapes = _graph.shape_str(q=rope.args[0], k=rope.args[2])
+        shapes = _graph.shape_str(q=rope.args[0], k=rope.args[CACHED[rope.target][1].index("k")])
         dtype = _graph.dtype_str(rope.args[0])
         verdict, writes = _check(rope, k)
         if not verdict.ok:

@@ -1,4 +1,5 @@
-"""``rms_norm_rope_cache``: ``rms_norm_rope`` with the static KV-cache writes in the same launch.
+"""``rms_norm_rope_cache``: ``rms_norm_rope`` with the static KV-cache writes in the same launch (and
+``qk_rope`` / ``qk_rope_cache``, the same launch without the norms, Llama's).
 
 CPU: the Triton kernel under ``TRITON_INTERPRET=1`` (``tests/conftest.py``) against ``reference.rms_norm_rope_cache``
 and against the kernel's own ``rms_norm_rope`` (the same launch without the writes: q and the written k bit for
@@ -16,6 +17,8 @@ from fp8_fusion_pass.kernels import reference as ref
 
 CACHED = torch.ops.fp8_fusion.rms_norm_rope_cache
 ROPE = torch.ops.fp8_fusion.rms_norm_rope
+QK_CACHED = torch.ops.fp8_fusion.qk_rope_cache
+QK_ROPE = torch.ops.fp8_fusion.qk_rope
 BF16 = torch.bfloat16
 EPS = 1e-6
 
@@ -35,14 +38,15 @@ def cache_inputs(b, s, hq, hk, d, t, device="cpu", seed=0):
     return (q, wq, k, wk, EPS, emb.cos().to(device, BF16), emb.sin().to(device, BF16), v), caches
 
 
-def check_against_reference_and_rope(args, caches, positions):
+def check_against_reference_and_rope(args, caches, positions, norm=True):
     """The Triton launch against the reference (exact cache contents for v, the reference's k within the rope
-    contract) and against the kernel's own rms_norm_rope (q and the written k bit for bit)."""
+    contract) and against the kernel's own rms_norm_rope (q and the written k bit for bit). ``norm=False``: the
+    same for qk_rope_cache (``args`` then without weights and eps)."""
     want_caches = [c.clone() for c in caches]
-    want_q = ref.rms_norm_rope_cache(*args, positions, *want_caches)
+    want_q = (ref.rms_norm_rope_cache if norm else ref.qk_rope_cache)(*args, positions, *want_caches)
     with backends.use_backend("triton"):
-        got_q = CACHED(*args, positions, *caches)
-        own_q, own_k = ROPE(*args[:7])
+        got_q = (CACHED if norm else QK_CACHED)(*args, positions, *caches)
+        own_q, own_k = ROPE(*args[:7]) if norm else QK_ROPE(*args[:4])
     assert torch.equal(got_q, own_q)
     k_only = [c.clone() for c in want_caches]
     ref.write_cache(k_only[0], own_k, positions)  # the kernel's k at the reference's slots
@@ -60,6 +64,22 @@ def check_against_reference_and_rope(args, caches, positions):
 def test_writes_the_slots_and_nothing_else(b, s, positions):
     args, caches = cache_inputs(b, s, 4, 2, 64, t=11)
     check_against_reference_and_rope(args, caches, torch.tensor(positions))
+
+
+def _no_norm(args):
+    q, _, k, _, _, cos, sin, v = args
+    return q, k, cos, sin, v
+
+
+@pytest.mark.parametrize("positions", [[[5], [9]], [4]])
+def test_qk_rope_cache_llama(positions):
+    # Llama: RoPE without norms; every step rounds as eager, so qk_rope is the reference bit for bit
+    args, caches = cache_inputs(2, 1, 4, 2, 64, t=11)
+    check_against_reference_and_rope(_no_norm(args), caches, torch.tensor(positions), norm=False)
+    q, k, cos, sin, _ = _no_norm(args)
+    with backends.use_backend("triton"):
+        got = QK_ROPE(q, k, cos, sin)
+    assert all(torch.equal(g, w) for g, w in zip(got, ref.qk_rope(q, k, cos, sin)))
 
 
 def test_int32_positions_and_qwen3_8b_heads():
@@ -104,6 +124,8 @@ def test_gpu_at_model_shapes(b, s, hq, hk):
     positions = (torch.arange(s)[None] + 7 * torch.arange(b)[:, None] + 500).cuda()  # every row its own slots
     args, caches = cache_inputs(b, s, hq, hk, 128, t=int(positions.max()) + 64, device="cuda")
     check_against_reference_and_rope(args, caches, positions)
+    if hq == 32:  # Llama-3.1-8B's heads: the same launch without the norms
+        check_against_reference_and_rope(_no_norm(args), [c.clone() for c in caches], positions, norm=False)
 
 
 @pytest.mark.gpu

@@ -26,8 +26,8 @@ LAYERS = 2
 BF16 = torch.bfloat16
 
 
-def _engine_step():
-    m = build_model("qwen3-tiny", form="engine", layers=LAYERS)
+def _engine_step(preset):
+    m = build_model(preset, form="engine", layers=LAYERS)
     ids, positions = torch.randint(0, 100, (3, 1), generator=torch.Generator().manual_seed(0)), torch.tensor(
         [[5], [11], [2]])
 
@@ -40,10 +40,10 @@ def _engine_step():
     return m, lambda f, cache: f(ids, positions, cache), new_cache
 
 
-def _hf_step():
+def _hf_step(preset):
     from transformers import StaticCache
 
-    m = build_model("qwen3-tiny", form="hf", layers=LAYERS)
+    m = build_model(preset, form="hf", layers=LAYERS)
     ids, position = torch.randint(0, 100, (2, 1), generator=torch.Generator().manual_seed(0)), torch.tensor([6])
 
     def new_cache():
@@ -76,18 +76,19 @@ def _compiled_step(model, step, new_cache, config):
 
 
 @pytest.mark.parametrize("form", ["engine", "hf"])
-def test_decode_step_bit_for_bit_and_the_caches_written_in_place(form):
-    model, step, new_cache = _engine_step() if form == "engine" else _hf_step()
+@pytest.mark.parametrize("preset, rope", [("qwen3-tiny", "norm_rope"), ("llama-tiny", "qk_rope")])
+def test_decode_step_bit_for_bit_and_the_caches_written_in_place(form, preset, rope):
+    model, step, new_cache = (_engine_step if form == "engine" else _hf_step)(preset)
     with_it = _compiled_step(model, step, new_cache, FusionConfig())
     without = _compiled_step(model, step, new_cache, FusionConfig(rope_cache=False))
-    assert with_it[2]["rope_cache"] == LAYERS and with_it[2]["norm_rope"] == LAYERS, with_it[2]
-    assert "rope_cache" not in without[2] and without[2]["norm_rope"] == LAYERS
+    assert with_it[2]["rope_cache"] == LAYERS and with_it[2][rope] == LAYERS, with_it[2]
+    assert "rope_cache" not in without[2] and without[2][rope] == LAYERS
     assert torch.equal(with_it[0], without[0])  # the rewrite is bit-exact: same k, v copied, same slots
     assert all(torch.equal(a, b) for a, b in zip(with_it[1], without[1]))
     _, eager_caches = new_cache()
     assert not all(torch.equal(a, b) for a, b in zip(with_it[1], eager_caches))  # the step did write
     # Inductor reinplaced the op: each call gets two of the graph's inputs (argN_1) as its caches, not a copy
-    calls = re.findall(r"fp8_fusion\.rms_norm_rope_cache\.default\((.*)\)", with_it[3])
+    calls = re.findall(r"fp8_fusion\.(?:rms_norm|qk)_rope_cache\.default\((.*)\)", with_it[3])
     assert len(calls) == LAYERS
     for args in calls:
         assert all(re.fullmatch(r"arg\d+_1", a.strip()) for a in args.split(",")[-2:]), args

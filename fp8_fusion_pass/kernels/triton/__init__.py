@@ -18,7 +18,7 @@ def kernels() -> dict:
     from .per_tensor_mm import per_tensor_mm
     from .rms_norm import rms_norm
     from .rms_norm_group_quant import add_rms_norm_group_quant, rms_norm_group_quant
-    from .rms_norm_rope import rms_norm_rope, rms_norm_rope_cache
+    from .rms_norm_rope import qk_rope, qk_rope_cache, rms_norm_rope, rms_norm_rope_cache
     from .silu_and_mul import silu_and_mul
     from .silu_mul_group_quant import silu_mul_group_quant
 
@@ -37,5 +37,7 @@ def kernels() -> dict:
         "group_quant_blockscale_mm": group_quant_blockscale_mm,
         "rms_norm_rope": rms_norm_rope,
         "rms_norm_rope_cache": rms_norm_rope_cache,
+        "qk_rope": qk_rope,
+        "qk_rope_cache": qk_rope_cache,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
     }

@@ -55,7 +55,7 @@ def _rms_norm_rope_kernel(
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sc_b, sc_s, sc_d, ss_b, ss_s, ss_d,
     sv_b, sv_h, sv_s, sv_d, sko_b, sko_h, sko_t, sko_d, svc_b, svc_h, svc_t, svc_d, sp_b, sp_s,
     eps,
-    D: tl.constexpr, ROWS: tl.constexpr, CACHE: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    D: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr, CACHE: tl.constexpr, EMULATE_CAST: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = r < n_rows
@@ -83,13 +83,16 @@ def _rms_norm_rope_kernel(
     x_raw = tl.load(x_row[:, None] + cols * x_d)
     x = to_fp32(x_raw, EMULATE_CAST)
     x_rot = to_fp32(tl.load(x_row[:, None] + rot * x_d), EMULATE_CAST)
-    w = to_fp32(tl.load(w_row[:, None] + cols), EMULATE_CAST)
-    w_rot = to_fp32(tl.load(w_row[:, None] + rot), EMULATE_CAST)
-    var = tl.math.div_rn(tl.sum(x * x, 1), tl.cast(D, tl.float32))  # torch: mean = sum / D
-    rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))[:, None]
     dtype = q_ptr.dtype.element_ty
-    y = _rounded(w * _rounded(x * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
-    y_rot = _rounded(w_rot * _rounded(x_rot * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
+    if NORM:
+        w = to_fp32(tl.load(w_row[:, None] + cols), EMULATE_CAST)
+        w_rot = to_fp32(tl.load(w_row[:, None] + rot), EMULATE_CAST)
+        var = tl.math.div_rn(tl.sum(x * x, 1), tl.cast(D, tl.float32))  # torch: mean = sum / D
+        rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))[:, None]
+        y = _rounded(w * _rounded(x * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
+        y_rot = _rounded(w_rot * _rounded(x_rot * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
+    else:  # RoPE alone (Llama): the activation as it is
+        y, y_rot = x, x_rot
     y_rot = tl.where(cols < D // 2, -y_rot, y_rot)  # cat(-y[..., D/2:], y[..., :D/2])
     c = to_fp32(tl.load(cos_ptr + b[:, None] * sc_b + s[:, None] * sc_s + cols * sc_d), EMULATE_CAST)
     sn = to_fp32(tl.load(sin_ptr + b[:, None] * ss_b + s[:, None] * ss_s + cols * ss_d), EMULATE_CAST)
@@ -120,8 +123,9 @@ def unsupported(head_dim: int) -> str | None:
 
 
 def _launch(q, wq, k, wk, eps: float, cos, sin, q_out, k_out, cache=None) -> None:
-    """One launch: q / k normed and rotated into ``q_out`` / ``k_out`` ([B, H, S, D] contiguous), or with ``cache
-    = (v, positions, k_cache, v_cache)`` k into k_cache (``k_out`` is then k_cache) and v into v_cache."""
+    """One launch: q / k normed (unless ``wq`` is None: RoPE alone) and rotated into ``q_out`` / ``k_out`` ([B, H,
+    S, D] contiguous), or with ``cache = (v, positions, k_cache, v_cache)`` k into k_cache (``k_out`` is then
+    k_cache) and v into v_cache."""
     b, s, hq, d = q.shape
     hk = k.shape[2]
     reason = unsupported(d)
@@ -144,11 +148,15 @@ def _launch(q, wq, k, wk, eps: float, cos, sin, q_out, k_out, cache=None) -> Non
         # [S] (HF's cache_position) is shared by every batch row: batch stride 0, as for the tables
         pos_strides = (0, positions.stride(0)) if positions.dim() == 1 else (
             positions.stride(0) if positions.shape[0] > 1 else 0, positions.stride(1))
+    norm = wq is not None
+    if not norm:
+        wq = wk = q  # never read (NORM=False): any valid pointer
     _rms_norm_rope_kernel[(triton.cdiv(n, ROWS),)](
         q, k, wq, wk, cos, sin, q_out, k_out, v, v_cache, positions, s, hq, hk, n_q, n, t,
         *q.stride(), *k.stride(), *table_strides[0], *table_strides[1],
         *v_strides, *ko_strides, *vc_strides, *pos_strides,
-        eps, D=d, ROWS=ROWS, CACHE=cache is not None, EMULATE_CAST=arch.triton_interpreting(), num_warps=NUM_WARPS,
+        eps, D=d, ROWS=ROWS, NORM=norm, CACHE=cache is not None, EMULATE_CAST=arch.triton_interpreting(),
+        num_warps=NUM_WARPS,
         enable_fp_fusion=False,  # see the module docstring: no fma may swallow a product's rounding
     )  # fmt: skip
 
@@ -169,4 +177,22 @@ def rms_norm_rope_cache(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cach
     b, s, hq, d = q.shape
     q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
     _launch(q, wq, k, wk, eps, cos, sin, q_out, None, (v, positions, k_cache, v_cache))
+    return q_out
+
+
+def qk_rope(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.qk_rope`` (Llama's q / k RoPE, no norms) in one launch; inputs validated by the op."""
+    b, s, hq, d = q.shape
+    q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((b, k.shape[2], s, d), dtype=k.dtype, device=k.device)
+    _launch(q, None, k, None, 0.0, cos, sin, q_out, k_out)
+    return q_out, k_out
+
+
+def qk_rope_cache(q, k, cos, sin, v, positions, k_cache, v_cache) -> torch.Tensor:
+    """``reference.qk_rope_cache``: ``qk_rope`` with the k / v cache writes, in one launch (as
+    ``rms_norm_rope_cache``)."""
+    b, s, hq, d = q.shape
+    q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
+    _launch(q, None, k, None, 0.0, cos, sin, q_out, None, (v, positions, k_cache, v_cache))
     return q_out
