@@ -10,6 +10,7 @@ every other slot untouched; input errors. The GPU twin is ``test_rms_norm_rope_c
 from __future__ import annotations
 
 import pytest
+import tolerances
 import torch
 
 from fp8_fusion_pass.kernels import backends, ops  # noqa: F401  (ops registers torch.ops.fp8_fusion)
@@ -52,7 +53,10 @@ def check_against_reference_and_rope(args, caches, positions, norm=True):
     ref.write_cache(k_only[0], own_k, positions)  # the kernel's k at the reference's slots
     assert torch.equal(caches[0], k_only[0]), "k cache"
     assert torch.equal(caches[1], want_caches[1]), "v cache"
-    torch.testing.assert_close(got_q, want_q, atol=0, rtol=2**-6)  # rstd's order only (test_rms_norm_rope.py)
+    if norm:  # only rstd may differ from the reference (its bounds are test_rms_norm_rope*.py's, on rms_norm_rope)
+        assert (got_q != want_q).float().mean() <= tolerances.ROPE_MAX_DIFF_FRACTION
+    else:  # no rstd: every step rounded as eager
+        assert torch.equal(got_q, want_q)
 
 
 @pytest.mark.parametrize("b, s, positions", [

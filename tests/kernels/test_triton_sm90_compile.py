@@ -170,11 +170,16 @@ SCRIPT = textwrap.dedent(
         out[f"gemv_silu rows={rows} block_m={block_m}"] = build(gvs._gemv_silu_quant_kernel, GSILU, c, 4)
     # Qwen3's q / k norms and their RoPE in one launch (rms_norm_rope.py)
     from fp8_fusion_pass.kernels.triton import rms_norm_rope as nr
-    ROPE = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")},
-            **{n: "i32" for n in ("S", "HQ", "HK", "n_q_rows", "n_rows", "sq_b", "sq_s", "sq_h", "sq_d", "sk_b",
-                                  "sk_s", "sk_h", "sk_d", "sc_b", "sc_s", "sc_d", "ss_b", "ss_s", "ss_d")}, "eps": "fp32"}
-    out["rms_norm_rope"] = build(nr._rms_norm_rope_kernel, ROPE, dict(D=128, ROWS=nr.ROWS, EMULATE_CAST=False),
-                                 nr.NUM_WARPS)
+    ROPE = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr",
+                                    "v_ptr", "vc_ptr")}, "pos_ptr": "*i64",
+            **{n: "i32" for n in ("S", "HQ", "HK", "n_q_rows", "n_rows", "T", "sq_b", "sq_s", "sq_h", "sq_d",
+                                  "sk_b", "sk_s", "sk_h", "sk_d", "sc_b", "sc_s", "sc_d", "ss_b", "ss_s", "ss_d",
+                                  "sv_b", "sv_h", "sv_s", "sv_d", "sko_b", "sko_h", "sko_t", "sko_d", "svc_b", "svc_h",
+                                  "svc_t", "svc_d", "sp_b", "sp_s")}, "eps": "fp32"}  # fmt: skip
+    for name, norm, cache in (("rms_norm_rope", True, False), ("rms_norm_rope_cache", True, True),
+                              ("qk_rope_cache", False, True)):  # fmt: skip
+        out[name] = build(nr._rms_norm_rope_kernel, ROPE, dict(D=128, ROWS=nr.ROWS, NORM=norm, CACHE=cache,
+                          EMULATE_CAST=False), nr.NUM_WARPS)  # fmt: skip
     RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}
     out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, EMULATE_CAST=False, PDL=True), 4)
     from fp8_fusion_pass.kernels.triton import _blockscale_kernels as bk
@@ -213,7 +218,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 38, sorted(result)  # GROUP_TILES, the SiLU-quant GEMV and the quantizing GEMV included
+    assert len(result) == 40, sorted(result)  # GROUP_TILES, the GEMVs, the three RoPE launch variants included
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -30,6 +30,8 @@ def test_each_llama_layers_q_and_k_share_one_launch(form):
     assert not any(n.target is torch.ops.aten.neg.default for c in out.graph.nodes if c.target is torch.ops.aten.cat
                    .default for n in c.args[0])  # fmt: skip
     assert "no_norm_rope_pair" not in r.rejection_reasons()  # v's view -> permute is no candidate
+    if form == "hf":
+        return  # the whole-model compile below is the engine's only (CI time)
     # the whole model compiled: within the pass bound against eager (the op rounds each step as eager does)
     with torch.no_grad():
         eager = m(*inputs)
