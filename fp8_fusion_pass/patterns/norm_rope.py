@@ -9,16 +9,16 @@
 
 With ``inline_norm`` alone Inductor fuses each norm into its RoPE kernel: two launches per layer, the k one with
 the k-cache write (``kernels/triton/rms_norm_rope.py`` has the H200 figures). Here one launch does both norms
-and both RoPEs, and the two cache writes are left to Inductor (still two launches: they did not merge). On the
-H200 (``docs/benchmarks.md``, "The q / k norms and RoPE in one launch") it took 0.8-2.4% off a Qwen3-8B decode
+and both RoPEs; the two cache writes after it go into the same launch too, by ``rope_cache`` (which runs next).
+With the writes still Inductor's (two launches: they did not merge), on the H200 (``docs/benchmarks.md``, "The q / k norms and RoPE in one launch") it took 0.8-2.4% off a Qwen3-8B decode
 step and brought its logits closer to eager's; with Inductor's ``combo_kernels=True`` it lost 1.5%, so there it
 stands aside (guard below). On by default. Not bit-exact against Inductor's fusion (which keeps the RoPE in
 fp32; this op rounds each step as eager does), so deterministic mode keeps it off.
 
 The norm is the ``fp8_fusion.rms_norm`` op (engine-style code) or transformers' ``Qwen3RMSNorm`` in plain torch,
-found with ``norm_quant``'s traced ``torch`` form (every torch version's spelling). The HF form was measured
-only once on the GPU, before the op took any stride: Inductor handed it HF's D-strided cos, the op's fake refused
-it and the compile failed. The kernel now reads any strides of every input.
+found with ``norm_quant``'s traced ``torch`` form (every torch version's spelling). The HF form's first GPU run
+failed: Inductor handed the op HF's D-strided cos, which its fake refused. The kernel now reads any strides of
+every input, and both forms pass ``tests/patterns/test_pass_gpu.py`` on the H200.
 
 The RoPE is matched as ``reference.rope`` (HF ``apply_rotary_pos_emb``) reads after decomposition: the norm's
 only user is ``permute(0, 2, 1, 3)``; its users are ``mul(p, unsqueeze(cos, 1))`` and the two halves

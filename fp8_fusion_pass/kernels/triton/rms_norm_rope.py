@@ -8,10 +8,13 @@ Why: at decode these are small (Qwen3-8B at batch 1: 40 rows of 128 values) and 
 writes the KV cache), 1.4 + 1.9 us per layer at batch 1 and 2.5-3.5 + 2.0 us at batch 64 on the H200, where the
 q kernel's time varied between compiles (``docs/benchmarks.md``, "Re-run with the TMA SiLU-quant GEMM rows").
 Here one launch with a fixed config does both: 1.7 us at batch 1, 2.2 us at batch 64 on the H200, with the k-cache
-write left to Inductor (1.1 us).
+write left to Inductor (1.1 us). With ``CACHE`` (``rms_norm_rope_cache``, ``patterns/rope_cache.py``) the same launch
+stores k into its static-cache slot and copies v into its own: 1.8 us at batch 1 and 2.8 us at batch 64 for what
+took 1.75 + 1.1 + 1.0 and 2.2 + 1.5 us in three launches. ``NORM`` off is Llama's RoPE alone (``qk_rope``).
 
 Each program takes ``ROWS`` rows of D values (one head of one token): rows ``[0, B*S*Hq)`` are q's, the rest
-k's; a row picks its tensor, weight and strides with selects, so one launch needs no branch. The numerics are
+k's (with ``CACHE``, k's then v's: a v row is loaded and stored as it is); a row picks its tensor, weight and
+strides with selects, so one launch needs no branch. The numerics are
 ``reference.rms_norm_rope``'s, step by step: ``rstd = 1 / sqrt(sum(x^2) / D + eps)`` in fp32 (correctly rounded, as
 ``rms_norm.py``), ``y = w * (x * rstd rounded)`` rounded, then ``y * cos``, ``rotate_half(y) * sin`` and their sum,
 each rounded to the activation dtype as eager rounds them (the products of two bf16 values are exact in fp32,
