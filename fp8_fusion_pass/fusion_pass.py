@@ -236,7 +236,13 @@ class _Run:
             return
         try:
             _maybe_fail("replacement", fusion.name)
-            importlib.import_module(f"{__package__}.patterns.{fusion.module}").run(self.graph, self.report)
+            module = importlib.import_module(f"{__package__}.patterns.{fusion.module}")
+            if name in ("norm_rope", "qk_rope"):  # their combo-kernels guard asks whether the cache writes join
+                cache = BY_NAME["rope_cache"]
+                module.run(self.graph, self.report, guards.can_run_fusion(
+                    cache.switch, cache.bit_exact, self.config, self.env_disabled, self.deterministic).ok)
+            else:
+                module.run(self.graph, self.report)
         except Exception as e:  # noqa: BLE001 - failure isolation
             self._fail(fusion, None, "replacement", e)
 

@@ -10,9 +10,10 @@
 With ``inline_norm`` alone Inductor fuses each norm into its RoPE kernel: two launches per layer, the k one with
 the k-cache write (``kernels/triton/rms_norm_rope.py`` has the H200 figures). Here one launch does both norms
 and both RoPEs; the two cache writes after it go into the same launch too, by ``rope_cache`` (which runs next).
-With the writes still Inductor's (two launches: they did not merge), on the H200 (``docs/benchmarks.md``, "The q / k norms and RoPE in one launch") it took 0.8-2.4% off a Qwen3-8B decode
-step and brought its logits closer to eager's; with Inductor's ``combo_kernels=True`` it lost 1.5%, so there it
-stands aside (guard below). On by default. Not bit-exact against Inductor's fusion (which keeps the RoPE in
+With the writes still Inductor's (two launches: they did not merge), on the H200 (``docs/benchmarks.md``, "The q
+/ k norms and RoPE in one launch") it took 0.8-2.4% off a Qwen3-8B decode step and brought its logits closer to
+eager's; with Inductor's ``combo_kernels=True`` it lost 1.5%, so under that option it stands aside unless the
+writes join the launch (guard below). On by default. Not bit-exact against Inductor's fusion (which keeps the RoPE in
 fp32; this op rounds each step as eager does), so deterministic mode keeps it off.
 
 The norm is the ``fp8_fusion.rms_norm`` op (engine-style code) or transformers' ``Qwen3RMSNorm`` in plain torch,
@@ -25,8 +26,9 @@ only user is ``permute(0, 2, 1, 3)``; its users are ``mul(p, unsqueeze(cos, 1))`
 ``slice(p, 3, D/2, end)`` -> ``neg`` and ``slice(p, 3, 0, D/2)``, joined by ``cat(-1)``, times ``unsqueeze(sin,
 1)``, and the ``add`` of the two products (either operand order). Chains sharing one cos, sin and eps pair up
 in graph order, q / k as they come; a chain left without a partner is reported (``no_norm_rope_pair``) and left
-as it is (``inline_norm`` takes an op). Guards: the switch and deterministic mode; Inductor's ``combo_kernels``
-off (with it on, Inductor's own kernels measured faster: ``unfused_pair_faster``); bf16; x ``[B, S, H, D]`` with D
+as it is (``inline_norm`` takes an op). Guards: the switch and deterministic mode; under Inductor's
+``combo_kernels``, only a pair whose k goes into a cache write ``rope_cache`` will take (otherwise Inductor's merged
+kernels measured faster: ``unfused_pair_faster``); bf16; x ``[B, S, H, D]`` with D
 a power of two (``no_fused_kernel`` otherwise: the kernel's one tile per row); cos / sin ``[B or 1, S, D]``.
 """
 
@@ -41,7 +43,7 @@ from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import guards
-from . import _graph
+from . import _cache_write, _graph
 from .norm_quant import FORMS
 
 aten = torch.ops.aten
@@ -148,9 +150,8 @@ def rope_chain(norm: Norm) -> dict | None:
 def _check(norm: Norm, chain: dict) -> guards.Verdict:
     x, cos, sin = (_graph.val(n) for n in (norm.x, chain["cos"], chain["sin"]))
     d = x.shape[-1]
-    verdict = guards.first_failure(guards.should_fuse_norm_rope,
-                                   lambda: guards.OK if norm.w is None else guards.can_eps(norm.eps),  # qk_rope
-                                   lambda: guards.can_dtype(x))  # fmt: skip
+    verdict = guards.first_failure(lambda: guards.OK if norm.w is None else guards.can_eps(norm.eps),  # qk_rope
+                                   lambda: guards.can_dtype(x))
     if not verdict.ok:
         return verdict
     # kernels/triton/rms_norm_rope.unsupported's rule, restated: the pass must not import Triton
@@ -205,13 +206,15 @@ def _position(graph: Graph):
     return lambda n: order[n]
 
 
-def run(graph: Graph, report) -> None:
-    pair_and_rewrite(graph, report, NAME, norms(graph))
+def run(graph: Graph, report, rope_cache: bool = True) -> None:
+    """``rope_cache``: will the rope_cache rewrite run after this one (the switch, as the pass decided)."""
+    pair_and_rewrite(graph, report, NAME, norms(graph), rope_cache)
 
 
-def pair_and_rewrite(graph: Graph, report, name: str, heads: list[Norm]) -> None:
+def pair_and_rewrite(graph: Graph, report, name: str, heads: list[Norm], rope_cache: bool) -> None:
     """Pair the RoPE chains after ``heads`` (norms, or for ``qk_rope`` the q / k views themselves) that share a
-    cos, sin and eps, q / k in graph order, and rewrite each pair into one op; report every outcome as ``name``."""
+    cos, sin and eps, q / k in graph order, and rewrite each pair into one op; report every outcome as ``name``.
+    ``rope_cache``: whether that rewrite runs next (the combo-kernels guard asks whether the cache writes join)."""
     groups: dict[tuple, list[tuple[Norm, dict]]] = {}
     for norm in heads:
         chain = rope_chain(norm)
@@ -228,6 +231,11 @@ def pair_and_rewrite(graph: Graph, report, name: str, heads: list[Norm]) -> None
         for i in range(0, len(sites) - 1, 2):
             q, k = sites[i], sites[i + 1]
             shapes, dtype = _graph.shape_str(q=q[0].x, k=k[0].x), _graph.dtype_str(q[0].x)
+            joins = rope_cache and _cache_write.find(k[1]["out"]) is not None  # rope_cache takes it (or says why)
+            verdict = guards.should_fuse_norm_rope(joins)
+            if not verdict.ok:
+                report.reject(name, q[0].out.name, verdict.reason, verdict.detail, shapes, dtype)
+                continue
             if not _inputs_precede(q, k):
                 report.reject(name, q[0].out.name, "operand_defined_later", "an input of the pair is computed from "
                               "one of their RoPE outputs: the two stay apart", shapes, dtype)  # fmt: skip

@@ -14,9 +14,9 @@ launches (Inductor's q RoPE, k RoPE + k-cache write, v-cache write) become one. 
 
 The chain is ``norm_rope``'s (``norm_rope.rope_chain``), started at a ``reshape`` into ``[B, S, H, D]`` whose only
 user is the ``permute``: a norm's output never starts one (``norm_rope`` takes those), so with ``norm_rope`` off a
-Qwen3 graph keeps its norms and RoPEs to Inductor. Pairing and guards are ``norm_rope``'s (without eps): Inductor's
-``combo_kernels`` off (``unfused_pair_faster``), bf16, a power-of-two head dim and ``[B or 1, S, D]`` tables
-(``no_fused_kernel``), a q chain paired with a k chain on the same tables (``no_norm_rope_pair``). The op rounds each
+Qwen3 graph keeps its norms and RoPEs to Inductor. Pairing and guards are ``norm_rope``'s (without eps): under
+Inductor's ``combo_kernels`` only where the cache writes join (``unfused_pair_faster``), bf16, a power-of-two head
+dim and ``[B or 1, S, D]`` tables (``no_fused_kernel``), a q chain paired with a k chain on the same tables (``no_norm_rope_pair``). The op rounds each
 product and the sum as eager does, where Inductor's fusion keeps fp32 between them: not bit-exact against the
 unfused compile, so deterministic mode keeps it off.
 """
@@ -43,6 +43,6 @@ def heads(graph: Graph) -> list[Norm]:
     return out
 
 
-def run(graph: Graph, report) -> None:
+def run(graph: Graph, report, rope_cache: bool = True) -> None:
     # a start whose permute is no RoPE (v, say) is dropped by rope_chain, silently: no candidate
-    norm_rope.pair_and_rewrite(graph, report, NAME, heads(graph))
+    norm_rope.pair_and_rewrite(graph, report, NAME, heads(graph), rope_cache)

@@ -159,14 +159,15 @@ def test_hf_spelled_pair_is_the_reference_bit_for_bit():
 
 
 def test_inductor_combo_kernels_keep_inductors_own_kernels(engine):
-    # measured on the H200: with combo_kernels Inductor's merged RoPE / KV-write launch beat rms_norm_rope beside it
+    # measured on the H200: with combo_kernels Inductor's merged RoPE / KV-write launch beat rms_norm_rope beside
+    # the writes (here: no cache at all; test_rope_cache.py has the decode step, where the writes join our launch)
     from torch._inductor import config as inductor_config
 
     _, _, gm = engine
     with inductor_config.patch(combo_kernels=True):
         r, out = run_pass(gm, NORM_ROPE)
     assert "norm_rope" not in r.counts() and count(out, ops.rms_norm_rope.default) == 0
-    assert r.rejection_reasons()["unfused_pair_faster"] == 2 * LAYERS, r.render()
+    assert r.rejection_reasons()["unfused_pair_faster"] == LAYERS, r.render()  # one per q / k pair
 
 
 def test_hf_norm_patterns_are_traced_once_and_shared_with_the_pass():

@@ -150,3 +150,20 @@ def test_prefill_without_a_cache_is_no_candidate():
     r, _ = run_pass(gm, FusionConfig())
     assert r.counts()["norm_rope"] == LAYERS and "rope_cache" not in r.counts()
     assert not any(d.pattern == "rope_cache" for d in r.rejected), r.render()
+
+
+@pytest.mark.parametrize("rope_cache", [True, False])
+def test_under_combo_kernels_only_a_launch_the_writes_join(rope_cache):
+    # H200: with Inductor's combo_kernels our RoPE launch lost beside the cache writes and won with them inside
+    from torch._inductor import config as inductor_config
+
+    model, _, new_cache = _engine_step("qwen3-tiny")
+    cache, _ = new_cache()
+    (gm,) = capture(lambda ids, pos: model(ids, pos, cache), torch.zeros(3, 1, dtype=torch.long),
+                    torch.tensor([[5], [11], [2]]))  # fmt: skip
+    with inductor_config.patch(combo_kernels=True):
+        r, _ = run_pass(gm, FusionConfig(rope_cache=rope_cache))
+    if rope_cache:
+        assert r.counts()["norm_rope"] == LAYERS and r.counts()["rope_cache"] == LAYERS, r.render()
+    else:
+        assert "norm_rope" not in r.counts() and r.rejection_reasons()["unfused_pair_faster"] == LAYERS, r.render()
