@@ -17,10 +17,11 @@ gives a mutating custom op, so Inductor's own reinplacing hands the kernel the c
 ``_cache_write`` takes only writes nothing else reads the old cache through). Bit-exact: k's bits are the op's,
 v is copied, and the slots are the index's.
 
-Guards: the switch (runs after ``norm_rope``; an ``rms_norm_rope`` written by hand counts too); k's only user is
-one in-place write of a graph-input cache (``cache_write_not_in_place`` when it goes into an indexed write that is
-not); exactly one other write to the same slots, the v write (``no_kv_write_pair``); k, v and both caches of one
-shape / dtype (``kv_cache_mismatch``); v and the positions not computed from the op's outputs
+Guards: the switch (runs after ``norm_rope`` and ``qk_rope``; their ops written by hand count too); k's only user
+is one in-place write of a graph-input cache (``cache_write_not_in_place`` when it goes into an indexed write that
+is not); exactly one other write to the same slots that one op can take with k's without a cycle, the v write
+(``no_kv_write_pair``: another layer's v is computed after this op or read before its inputs exist); k, v and both
+caches of one shape / dtype (``kv_cache_mismatch``); positions not computed from the op's outputs
 (``operand_defined_later``). A k with no cache write (prefill without a cache) is no candidate: nothing reported.
 Positions outside ``[-T, T)`` write nothing on the Triton backend, where eager indexing raises.
 """
