@@ -226,21 +226,23 @@ class _Run:
     def _explain(self) -> None:
         _candidates.explain(self.graph, self.explained, self._record)
 
+    def _may_run(self, name: str) -> bool:
+        """The switch, the environment and deterministic mode allow this rewrite in this graph."""
+        f = BY_NAME[name]
+        return guards.can_run_fusion(f.switch, f.bit_exact, self.config, self.env_disabled, self.deterministic).ok
+
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope,
         qk_rope, rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm. Each rewrites one site whole or
         not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
-        if not guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
-                                     self.deterministic).ok:
+        if not self._may_run(name):
             return
         try:
             _maybe_fail("replacement", fusion.name)
             module = importlib.import_module(f"{__package__}.patterns.{fusion.module}")
             if name in ("norm_rope", "qk_rope"):  # their combo-kernels guard asks whether the cache writes join
-                cache = BY_NAME["rope_cache"]
-                module.run(self.graph, self.report, guards.can_run_fusion(
-                    cache.switch, cache.bit_exact, self.config, self.env_disabled, self.deterministic).ok)
+                module.run(self.graph, self.report, self._may_run("rope_cache"))
             else:
                 module.run(self.graph, self.report)
         except Exception as e:  # noqa: BLE001 - failure isolation

@@ -38,9 +38,10 @@ REASONS = {
     "unrecognized_spelling": "looks like a norm / silu but its graph spelling matches no registered pattern",
     "inline_changes_output": "inline_norm: the aten ops would not stand in for the op's outputs one for one",
     "operand_defined_later": "group_gemm: a weight or scale is computed after the group's first GEMM; norm_rope: "
-                             "an input of the q / k pair is computed from one of their outputs; rope_cache: v or "
-                             "the positions are",
-    "no_norm_rope_pair": "norm_rope: a q / k norm + RoPE with no second one on the same cos / sin to share a launch",
+                             "an input of the q / k pair is computed from one of their outputs; rope_cache: the "
+                             "cache positions are",
+    "no_norm_rope_pair": "norm_rope / qk_rope: a q / k (norm +) RoPE with no second one on the same cos / sin to "
+                         "share a launch",
     "cache_write_not_in_place": "rope_cache: k feeds more than its cache write, or the cache is not a graph input "
                                 "written only there (Inductor could not write it in place)",
     "no_kv_write_pair": "rope_cache: not exactly one other cache write (the v write) at the k write's slots",
@@ -50,7 +51,7 @@ REASONS = {
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",
     "m_above_gemv": "quant_gemm: static M above the quantizing GEMV's 4 rows (batch 1-4 decode only)",
     "unfused_pair_faster": "gemm_silu_quant / quant_gemm: at this M and shape the fused launch has no measured win "
-                           "over two",
+                           "over two; norm_rope / qk_rope: Inductor's combo kernels measured faster here",
     # runtime gates
     "disabled_by_config": "the fusion is switched off in FusionConfig",
     "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",

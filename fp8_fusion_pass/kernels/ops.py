@@ -22,7 +22,7 @@ Outputs (``x [..., K]``, ``g = group_size``):
   rms_norm_rope(q [B,S,Hq,D], wq, k [B,S,Hk,D], wk, eps, cos [B,S,D], sin)  -> (q [B,Hq,S,D], k [B,Hk,S,D])
   qk_rope(q [B,S,Hq,D], k [B,S,Hk,D], cos, sin)     -> (q [B,Hq,S,D], k [B,Hk,S,D])   (rms_norm_rope without norms)
   rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v [B,Hk,S,D], positions [B|1,S] or [S], k_cache!, v_cache!)
-                                                     -> q [B,Hq,S,D]; k, v written at positions into the caches [B,Hk,T,D]
+                                                     -> q [B,Hq,S,D]; k, v written at positions into caches [B,Hk,T,D]
   qk_rope_cache(q, k, cos, sin, v, positions, k_cache!, v_cache!) -> q     (the same, without norms)
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """

@@ -1,8 +1,9 @@
 """Static KV-cache writes in a post-grad graph: ``cache[b, h, positions] = x`` on a graph input, as functionalized.
 
-    the engine (``k_cache.index_put_((rows, heads, at), k)``)       transformers' StaticCache (``index_copy_``)
-    w = index_put(cache, [iota(B)[B,1,1], iota(H)[1,H,1], pos[B,1,S]], x)     w = index_put(cache, [None, None, pos[S]], x)
-                                                                              or index_copy(cache, 2, pos[S], x)
+    the engine (``k_cache.index_put_((rows, heads, at), k)``):
+    w = index_put(cache, [iota(B)[B,1,1], iota(H)[1,H,1], pos[B,1,S]], x)
+    transformers' StaticCache (``index_copy_``):
+    w = index_put(cache, [None, None, pos[S]], x)   or   index_copy(cache, 2, pos[S], x)
     ... attention reads w ...
     copy_(cache, w)                  # the mutation of the graph input, written back at the end
 
@@ -78,34 +79,54 @@ def _shape_is(t: torch.Tensor, *shapes) -> bool:
 
 
 def find(value: Node) -> CacheWrite | None:
-    """The cache write whose only input value is ``value`` (its only user), or None."""
+    """The cache write whose only input value is ``value`` (its only user), or None (``why_not`` says why)."""
+    return of_write(next(iter(value.users)), value) if len(value.users) == 1 else None
+
+
+def why_not(value: Node) -> str:
+    """Why ``value`` has no cache write ``find`` takes: the first condition that fails, for the report."""
     if len(value.users) != 1:
-        return None
-    return of_write(next(iter(value.users)), value)
+        return f"k feeds {len(value.users)} nodes, not only its cache write"
+    return _why(next(iter(value.users)), value) or "no reason found"
 
 
 def of_write(write: Node, value: Node | None = None) -> CacheWrite | None:
+    return None if _why(write, value) else _match(write)
+
+
+def _why(write: Node, value: Node | None) -> str:
+    """Empty when ``write`` is an in-place static-cache write of ``value`` (of any value when None)."""
     if write.op != "call_function" or write.target not in (aten.index_put.default, aten.index_copy.default):
-        return None
+        return "k feeds no index_put / index_copy"
     cache = write.args[0]
     x = write.args[2] if write.target is aten.index_put.default else write.args[3]
     if value is not None and x is not value:
-        return None
+        return "k is the index of the write, not its value"
     xv, cv = _graph.val(x), _graph.val(cache)
-    if not (isinstance(cache, Node) and cache.op == "placeholder" and isinstance(xv, torch.Tensor)
-            and isinstance(cv, torch.Tensor) and xv.dim() == 4 and cv.dim() == 4):  # fmt: skip
-        return None
+    if not (isinstance(cache, Node) and cache.op == "placeholder"):
+        return "the cache is computed in the graph, not a graph input"
+    if not (isinstance(xv, torch.Tensor) and isinstance(cv, torch.Tensor) and xv.dim() == 4 and cv.dim() == 4):
+        return "the write is not [B, H, S, D] into [B, H, T, D]"
     found = _positions(write, xv)
     if found is None:
-        return None
-    pos, key = found
-    pv, (b, _, s, _) = _graph.val(pos), xv.shape
+        return "the write is indexed other than [rows, heads, positions] / [None, None, positions] along dim 2"
+    pv, (b, _, s, _) = _graph.val(found[0]), xv.shape
     if not (isinstance(pv, torch.Tensor) and pv.dtype in _INT and _shape_is(pv, (s,), (b, s), (1, s))):
-        return None
+        return "the positions are not int32 / int64 [S], [1, S] or [B, S]"
     copies = [u for u in write.users if u.target is aten.copy_.default and u.args == (cache, write)]
-    if len(copies) != 1 or set(cache.users) != {write, copies[0]}:
-        return None  # not the functionalized in-place write of a cache nothing else reads
-    return CacheWrite(write, cache, copies[0], pos, x, key)
+    if len(copies) != 1:
+        return f"{len(copies)} copy_ of the new cache back into the input, not one"
+    if set(cache.users) != {write, copies[0]}:
+        return "the cache's old contents are read too (Inductor would copy the whole cache)"
+    return ""
+
+
+def _match(write: Node) -> CacheWrite:
+    cache = write.args[0]
+    x = write.args[2] if write.target is aten.index_put.default else write.args[3]
+    pos, key = _positions(write, _graph.val(x))
+    copy = next(u for u in write.users if u.target is aten.copy_.default and u.args == (cache, write))
+    return CacheWrite(write, cache, copy, pos, x, key)
 
 
 def partners(write: CacheWrite) -> list[CacheWrite]:

@@ -16,9 +16,9 @@ The chain is ``norm_rope``'s (``norm_rope.rope_chain``), started at a ``reshape`
 user is the ``permute``: a norm's output never starts one (``norm_rope`` takes those), so with ``norm_rope`` off a
 Qwen3 graph keeps its norms and RoPEs to Inductor. Pairing and guards are ``norm_rope``'s (without eps): under
 Inductor's ``combo_kernels`` only where the cache writes join (``unfused_pair_faster``), bf16, a power-of-two head
-dim and ``[B or 1, S, D]`` tables (``no_fused_kernel``), a q chain paired with a k chain on the same tables (``no_norm_rope_pair``). The op rounds each
-product and the sum as eager does, where Inductor's fusion keeps fp32 between them: not bit-exact against the
-unfused compile, so deterministic mode keeps it off.
+dim and ``[B or 1, S, D]`` tables (``no_fused_kernel``), a q chain paired with a k chain on the same tables
+(``no_norm_rope_pair``). The op rounds each product and the sum as eager does, where Inductor's fusion keeps fp32
+between them: not bit-exact against the unfused compile, so deterministic mode keeps it off.
 """
 
 from __future__ import annotations

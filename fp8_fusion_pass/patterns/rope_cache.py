@@ -59,8 +59,7 @@ def _outputs(rope: Node) -> tuple[Node | None, Node | None]:
 def _check(rope: Node, k: Node) -> tuple[guards.Verdict, tuple]:
     kw = _cache_write.find(k)
     if kw is None:
-        return guards.reject("cache_write_not_in_place", "k also feeds something else, or its cache is read besides "
-                             "the write (or is no graph input written back): the writes stay Inductor's"), ()  # fmt: skip
+        return guards.reject("cache_write_not_in_place", f"{_cache_write.why_not(k)}: the writes stay Inductor's"), ()
     # The v write: the one write to the same slots that one op can take with k's without a cycle. Every layer's
     # writes share the step's positions; another layer's v is computed from this op's outputs (a later layer) or
     # is read before this op's inputs exist (an earlier one), so at most one is left.

@@ -132,16 +132,42 @@ def test_a_hand_written_step_is_taken():
     assert count(out, torch.ops.aten.index_put.default) == 0
 
 
-@pytest.mark.parametrize("variant, reason", [
-    ("k_read_too", "cache_write_not_in_place"),  # k also feeds a sum: the op would have to return it as well
-    ("reads_old_cache", "cache_write_not_in_place"),  # the old cache is read: Inductor would copy it
-    ("no_v_write", "no_kv_write_pair"),
+@pytest.mark.parametrize("variant, reason, why", [
+    ("k_read_too", "cache_write_not_in_place", "k feeds 2 nodes"),  # the op would have to return k as well
+    ("reads_old_cache", "cache_write_not_in_place", "old contents are read"),  # Inductor would copy the cache
+    ("no_v_write", "no_kv_write_pair", "0 other cache writes"),
 ])  # fmt: skip
-def test_guards_leave_the_writes_to_inductor(variant, reason):
+def test_guards_leave_the_writes_to_inductor(variant, reason, why):
     (gm,) = capture(_Step(variant), *_step_inputs())
     r, out = run_pass(gm, dataclasses.replace(FUSIONS_ONLY, rope_cache=True))
     assert "rope_cache" not in r.counts() and r.rejection_reasons()[reason] == 1, r.render()
+    assert why in next(d.detail for d in r.rejected if d.pattern == "rope_cache"), r.render()  # the report says why
     assert count(out, ops.rms_norm_rope.default) == 1 and not r.errors
+
+
+class _TwoLayers(torch.nn.Module):
+    """Two layers writing at the same positions, the first one's writes left to Inductor (its k is read too): the
+    second layer's v write must still be found among both layers' writes."""
+
+    def forward(self, q, wq, k, wk, cos, sin, v, positions, k0, v0, k1, v1):
+        rows, heads = torch.arange(q.shape[0])[:, None, None], torch.arange(k.shape[2])[None, :, None]
+        at = (rows, heads, positions[:, None, :])
+        q_out, k_out = ops.rms_norm_rope(q, wq, k, wk, 1e-6, cos, sin)
+        k0.index_put_(at, k_out)
+        v0.index_put_(at, v)
+        h = (q_out.sum() + k_out.sum() + k0.sum() + v0.sum()).to(q.dtype)  # layer 1's input reads layer 0's caches
+        q_out, k_out = ops.rms_norm_rope(q + h, wq, k + h, wk, 1e-6, cos, sin)
+        k1.index_put_(at, k_out)
+        v1.index_put_(at, v * 2)
+        return q_out.sum() + k1.sum() + v1.sum()
+
+
+def test_the_v_write_is_the_one_no_cycle_excludes():
+    *args, k0, v0 = _step_inputs()
+    (gm,) = capture(_TwoLayers(), *args, k0, v0, k0.clone(), v0.clone())
+    r, _ = run_pass(gm, dataclasses.replace(FUSIONS_ONLY, rope_cache=True))
+    # layer 0's v write is read before layer 1's inputs exist, so one op cannot take it with layer 1's k
+    assert r.counts()["rope_cache"] == 1 and r.rejection_reasons() == {"cache_write_not_in_place": 1}, r.render()
 
 
 def test_prefill_without_a_cache_is_no_candidate():
