@@ -91,6 +91,39 @@ def test_int32_positions_and_qwen3_8b_heads():
     check_against_reference_and_rope(args, caches, torch.tensor([[19], [0], [7]], dtype=torch.int32))
 
 
+def test_every_tile_gives_the_same_bits():
+    # tile_for picks rows per program and warps by the launch's size (8-row tiles from 2048 rows, H200-measured);
+    # a row's arithmetic is the same in every tile, so each candidate, over a row count none of them divides
+    # (3 x 1 x (5 + 2 x 3) = 33 rows), must give the same bits, and the masked tail row writes nothing.
+    from fp8_fusion_pass.kernels.triton import rms_norm_rope as rnr
+
+    args, caches = cache_inputs(3, 1, 5, 3, 64, t=4)
+    positions = torch.tensor([[3], [0], [1]])
+    outs = []
+    for tile in ((1, 1), (4, 4), (8, 4), (16, 8), (32, 8)):
+        cs = [c.clone() for c in caches]
+        q = rnr.rms_norm_rope_cache(*args, positions, *cs, tile=tile)
+        outs.append((q, *cs, *rnr.qk_rope(*_no_norm(args)[:4], tile=tile)))
+    assert all(all(torch.equal(a, b) for a, b in zip(outs[0], o)) for o in outs[1:])
+    check_against_reference_and_rope(args, [c.clone() for c in caches], positions)
+
+
+def test_caches_and_v_strided_in_their_last_dim():
+    # the launcher takes contiguous-row loads and stores (UNIT_D) only when every row's D stride is 1; a D-strided
+    # v or cache takes the strided path, with the same bits
+    args, caches = cache_inputs(2, 2, 4, 2, 64, t=6)
+    positions = torch.tensor([[5, 0], [2, 3]])
+    v = args[7]
+    v_t = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+    caches_t = [c.transpose(-1, -2).contiguous().transpose(-1, -2) for c in caches]
+    assert v_t.stride(-1) != 1 and caches_t[0].stride(-1) != 1
+    check_against_reference_and_rope((*args[:7], v_t), caches_t, positions)
+    want = [c.clone() for c in caches]
+    with backends.use_backend("triton"):
+        CACHED(*args, positions, *want)
+    assert all(torch.equal(a, b) for a, b in zip(caches_t, want))
+
+
 def test_out_of_range_positions_write_nothing():
     # eager indexing raises here; the kernel must not write outside the cache (nor anywhere else)
     args, caches = cache_inputs(2, 1, 4, 2, 64, t=8)

@@ -178,8 +178,11 @@ SCRIPT = textwrap.dedent(
                                   "svc_t", "svc_d", "sp_b", "sp_s")}, "eps": "fp32"}  # fmt: skip
     for name, norm, cache in (("rms_norm_rope", True, False), ("rms_norm_rope_cache", True, True),
                               ("qk_rope_cache", False, True)):  # fmt: skip
-        out[name] = build(nr._rms_norm_rope_kernel, ROPE, dict(D=128, ROWS=nr.ROWS, NORM=norm, CACHE=cache,
-                          EMULATE_CAST=False), nr.NUM_WARPS)  # fmt: skip
+        for _, (rows, warps) in nr.TILES:  # every tile tile_for picks, contiguous rows; and one D-strided
+            out[f"{name} rows={rows} warps={warps}"] = build(nr._rms_norm_rope_kernel, ROPE, dict(
+                D=128, ROWS=rows, NORM=norm, CACHE=cache, UNIT_D=True, EMULATE_CAST=False), warps)  # fmt: skip
+        out[f"{name} strided"] = build(nr._rms_norm_rope_kernel, ROPE, dict(
+            D=128, ROWS=4, NORM=norm, CACHE=cache, UNIT_D=False, EMULATE_CAST=False), 4)  # fmt: skip
     RED = {"p_ptr": "*fp32", "c_ptr": "*bf16", "MN": "i32", "SPLIT": "i32"}
     out["splitk_reduce PDL"] = build(smk._splitk_reduce_kernel, RED, dict(BLOCK=1024, EMULATE_CAST=False, PDL=True), 4)
     from fp8_fusion_pass.kernels.triton import _blockscale_kernels as bk
@@ -218,7 +221,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 40, sorted(result)  # GROUP_TILES, the GEMVs, the three RoPE launch variants included
+    assert len(result) == 49, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():
