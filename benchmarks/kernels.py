@@ -44,6 +44,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _kernel_sweep
+import _plot
 import triton
 from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
@@ -275,48 +276,14 @@ def _summary(title: str, rows: list[dict], key: str, target: float) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not importable: no PNG (pip install matplotlib)")
-        return
-    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
-    ms = sorted({r["M"] for r in rows})
-    fig, axes = plt.subplots(len(ops), len(ms), figsize=(3.2 * len(ms), 3.0 * len(ops)), squeeze=False)
-    for i, op in enumerate(ops):
-        for j, m in enumerate(ms):
-            ax = axes[i][j]
-            pts = sorted((r for r in rows if r["op"] == op and r["M"] == m), key=lambda r: r["K"])
-            xs = range(len(pts))
-            for key, label in (("fused", "fused"), ("unfused", "unfused pair"), ("inductor", "Inductor")):
-                ax.plot(xs, [r[f"{key}_over_roofline"] for r in pts], marker="o", label=label)
-            if all("read_floor_us" in r for r in pts):  # CSVs from before the read floor have no such column
-                ax.plot(xs, [r["read_floor_us"] / r["roofline_us"] for r in pts], color="black", linestyle=":",
-                        label="plain read of the bytes")  # fmt: skip
-            ax.axhline(ROOFLINE_TARGET, color="grey", linestyle="--", linewidth=0.8)
-            ax.set_xticks(list(xs), [str(r["K"]) for r in pts], rotation=90, fontsize=6)
-            ax.set_yscale("log")
-            ax.set_title(f"{op.replace('_group_quant', '+q')} M={m}", fontsize=8)
-            if j == 0:
-                ax.set_ylabel("time / roofline")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    _plot.grid(rows, OPS, (("fused", "fused"), ("unfused", "unfused pair"), ("inductor", "Inductor")),
+               x_key=lambda r: r["K"], x_label=lambda r: str(r["K"]),
+               title=lambda op, m: f"{op.replace('_group_quant', '+q')} M={m}", path=path)  # fmt: skip
 
 
 def read_csv(path: str) -> list[dict]:
     """The rows of a ``kernels.csv``, numbers parsed (``report`` writes them)."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
-        for k, v in r.items():
-            if k not in ("op", "models"):
-                r[k] = int(v) if k in ("K", "M") else float(v)
-    return rows
+    return _plot.read_csv(path, ints=("K", "M"))
 
 
 def device_name() -> str:

@@ -3,6 +3,7 @@
     python benchmarks/rope_kernels.py --out DIR         # every op x per-GPU head counts x M (H200: a few minutes)
     python benchmarks/rope_kernels.py --sweep           # (rows per program, warps) candidates of the kernel
     python benchmarks/rope_kernels.py --dry-run         # CPU + Triton interpreter, tiny shapes: checks the script only
+    python benchmarks/rope_kernels.py --replot DIR/rope_kernels.csv --out DIR   # only the PNG, from a CSV
 
 The same questions as ``kernels.py`` asks of the norm / silu + quant kernels (issue 7 items 1-2), for the four ops
 of ``kernels/triton/rms_norm_rope.py``:
@@ -21,14 +22,18 @@ S = M: a row is a head of a token either way), the caches hold 8192 positions. C
   roofline  q / k (/ v) read once, cos / sin and the norm weights read once, the outputs written once, over the
             copy bandwidth of this run; read floor: a plain read of those bytes (``_read_floor.py``)
 Timing as ``kernels.py`` (``_timing.time_graph``): one CUDA graph, inputs rotating beyond 3x the L2, medians.
-Each fused result is first checked against the reference (every value within one bf16 rounding, the written cache
-slots too), so no wrong kernel is timed. ``--sweep`` times ``CANDIDATES`` per (op, heads, M) and prints the best.
+Each fused result is first checked against the reference within the RoPE contract of the GPU tests (at most 1% of
+the outputs differ, each by at most 4 bf16 steps of its RoPE products; written v slots bit for bit), so no wrong
+kernel is timed. Writes ``rope_kernels.csv`` and ``rope_kernels.png`` (matplotlib, if
+importable) to ``--out``. ``--sweep`` times ``CANDIDATES`` per (op, heads, M), prints the best per point and a
+summary per row-count bucket, and writes every candidate's time to ``rope_sweep.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import sys
@@ -40,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import _plot
 import triton
 from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
@@ -204,6 +210,7 @@ def measure(case: Case, eager, compiled, bw: float, floor: ReadFloor) -> dict:
         "op": case.op, "Hq": case.hq, "Hk": case.hk, "M": case.m, "fused_us": t_fused, "eager_us": t_eager,
         "inductor_us": t_ind, "roofline_us": roof, "read_floor_us": read, "fused_over_roofline": t_fused / roof,
         "fused_over_read_floor": t_fused / read, "inductor_over_roofline": t_ind / roof,
+        "eager_over_roofline": t_eager / roof,
         "fused_over_best_peer": t_fused / peer,
     }  # fmt: skip
 
@@ -279,7 +286,7 @@ def sweep_summary(rows: list[dict]) -> None:
     """Per n_rows bucket: each candidate's geometric mean of time over the point's best, the best three, and
     the default's."""
     edges = (0, *SWEEP_BUCKETS, float("inf"))
-    for lo, hi in zip(edges, edges[1:]):
+    for lo, hi in itertools.pairwise(edges):
         sel = [r for r in rows if lo <= r["n_rows"] < hi]
         if not sel:
             continue
@@ -315,6 +322,18 @@ def report(rows: list[dict], out_dir: str, bw: float) -> None:
                   f"(target <= {target}); {sum(r[key] > target for r in sel)} of {len(sel)} points miss")  # fmt: skip
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {device_name()}; torch {torch.__version__}; Triton {triton.__version__}")
     write_csv(rows, os.path.join(out_dir, "rope_kernels.csv"))
+    plot(rows, os.path.join(out_dir, "rope_kernels.png"))
+
+
+def plot(rows: list[dict], path: str) -> None:
+    _plot.grid(rows, OPS, (("fused", "fused"), ("inductor", "Inductor"), ("eager", "eager")),
+               x_key=lambda r: (r["Hq"], r["Hk"]), x_label=lambda r: f"{r['Hq']}/{r['Hk']}",
+               title=lambda op, m: f"{op} M={m} (x: q / kv heads)", path=path)  # fmt: skip
+
+
+def read_csv(path: str) -> list[dict]:
+    """The rows of a ``rope_kernels.csv``, numbers parsed (``report`` writes them)."""
+    return _plot.read_csv(path, ints=("Hq", "Hk", "M"))
 
 
 def write_csv(rows: list[dict], path: str) -> None:
@@ -342,7 +361,15 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=480.0, help="start no new (op, heads) after this many s")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for rope_kernels.csv")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, tiny shapes (no real timing)")
+    p.add_argument("--replot", metavar="CSV", help="only draw the PNG of a rope_kernels.csv measured earlier, into --out")
     args = p.parse_args(argv)
+    if args.replot:
+        os.makedirs(args.out, exist_ok=True)
+        rows = read_csv(args.replot)
+        for r in rows:  # CSVs written before this column existed
+            r.setdefault("eager_over_roofline", r["eager_us"] / r["roofline_us"])
+        plot(rows, os.path.join(args.out, "rope_kernels.png"))
+        return 0
     global DEVICE, HEADS, T
     DEVICE = "cpu" if args.dry_run else "cuda"
     if DEVICE == "cuda" and not torch.cuda.is_available():

@@ -42,6 +42,20 @@ def test_dry_run_sweep_writes_every_candidate(tmp_path):
     assert sum(r["is_default"] == "True" for r in rows) == 2 and "n_rows in [0, 512)" in out
 
 
+def test_replot_reads_back_what_report_wrote(tmp_path):
+    # docs/img/rope_kernels_h200.png is drawn from the measured CSV with --replot: the rows it reads must be the
+    # numbers report() wrote, heads and M as ints
+    _run(tmp_path, "--no-inductor")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import rope_kernels
+
+    rows = rope_kernels.read_csv(str(tmp_path / "rope_kernels.csv"))
+    assert {type(r[k]) for r in rows for k in ("Hq", "Hk", "M")} == {int}
+    assert all(r["fused_over_read_floor"] == r["fused_us"] / r["read_floor_us"] for r in rows)
+    out = tmp_path / "replot"
+    assert rope_kernels.main(["--replot", str(tmp_path / "rope_kernels.csv"), "--out", str(out)]) == 0
+
+
 def test_check_refuses_a_wrong_launch(monkeypatch):
     # the numerics check is what keeps a wrong kernel out of the table: a launch whose k is off by a bf16 step of
     # its largest values must stop the run
