@@ -7,7 +7,7 @@ Why: at decode these are small (Qwen3-8B at batch 1: 40 rows of 128 values) and 
 ``inline_norm`` hands the norms to Inductor, which fuses each into its RoPE kernel: two launches (the k one also
 writes the KV cache), 1.4 + 1.9 us per layer at batch 1 and 2.5-3.5 + 2.0 us at batch 64 on the H200, where the
 q kernel's time varied between compiles (``docs/benchmarks.md``, "Re-run with the TMA SiLU-quant GEMM rows").
-Here one launch with a fixed config does both: 1.7 us at batch 1, 2.2 us at batch 64 on the H200, with the k-cache
+Here one launch does both: 1.7 us at batch 1, 2.2 us at batch 64 on the H200, with the k-cache
 write left to Inductor (1.1 us). With ``CACHE`` (``rms_norm_rope_cache``, ``patterns/rope_cache.py``) the same launch
 stores k into its static-cache slot and copies v into its own: 1.8 us at batch 1 and 2.8 us at batch 64 for what
 took 1.75 + 1.1 + 1.0 and 2.2 + 1.5 us in three launches. ``NORM`` off is Llama's RoPE alone (``qk_rope``).
