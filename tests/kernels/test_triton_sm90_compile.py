@@ -65,6 +65,9 @@ SCRIPT = textwrap.dedent(
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         if consts.get("PDL"):
             pdl[fn.__name__ + " " + str(sorted(consts.items()))] = pdl_facts(k.asm["ptx"])
+        ptx = k.asm["ptx"]  # the quant step's fma32 is the hardware fma here, never the interpreter's fp64 emulation
+        arith["f64"] += len(re.findall(r"\.f64\b", ptx))
+        arith["fma.rn.f32"] += ptx.count("fma.rn.f32") if consts.get("QUANT", True) and "FP8_MAX" in consts else 0
         if consts.get("TMA"):  # the tiles come by the copy engine, not by per-thread loads of the same bytes
             pdl["TMA copies " + fn.__name__] = k.asm["ptx"].count("cp.async.bulk.tensor")
         full = []  # layout conversions of 3-D tiles with a real column axis: [BLOCK_M, GPC, G > 1]
@@ -74,7 +77,7 @@ SCRIPT = textwrap.dedent(
                 full.append(m.group(1))
         return full
 
-    out, pdl = {}, {}
+    out, pdl, arith = {}, {}, {"f64": 0, "fma.rn.f32": 0}
     for k, res, quant in [(4096, False, True), (5120, False, True), (5120, True, True), (8192, False, True),
                           (1024, True, False), (7168, False, True), (2048, False, True)]:
         t = _tiles.row_tile(8192, k, 128, res)
@@ -191,6 +194,7 @@ SCRIPT = textwrap.dedent(
     out["tiled PDL"] = build(bk._blockscale_mm_kernel, TILED, dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=64,
                              BLOCK_N=128, BLOCK_K=128, GROUP_M=8, EVEN_K=True, PDL=True), 4)
     out["PDL facts"] = pdl
+    out["arith"] = arith
     print("RESULT " + json.dumps(out))
     """
 )
@@ -218,6 +222,9 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
+    arith = result.pop("arith")
+    # no fp64 anywhere on the GPU (fma32's fp64 path is the interpreter's), and the quant kernels' fmas are fma.rn
+    assert arith["f64"] == 0 and arith["fma.rn.f32"] > 0, arith
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
