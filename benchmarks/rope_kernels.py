@@ -365,10 +365,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.replot:
         os.makedirs(args.out, exist_ok=True)
-        rows = read_csv(args.replot)
-        for r in rows:  # CSVs written before this column existed
-            r.setdefault("eager_over_roofline", r["eager_us"] / r["roofline_us"])
-        plot(rows, os.path.join(args.out, "rope_kernels.png"))
+        plot(read_csv(args.replot), os.path.join(args.out, "rope_kernels.png"))
         return 0
     global DEVICE, HEADS, T
     DEVICE = "cpu" if args.dry_run else "cuda"

@@ -4,21 +4,15 @@ and the ``MEASURED`` block ``--sweep`` prints is valid Python that ``_tiles`` th
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+
+from benchmark_script import ROOT, run_dry
 
 from fp8_fusion_pass.kernels.triton import _tiles
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "benchmarks", "kernels.py")
-
 
 def _run(tmp_path, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(tmp_path), *args], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+    return run_dry("kernels.py", tmp_path, *args)
 
 
 def test_dry_run_table(tmp_path):

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from benchmark_script import ROOT, run_dry
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "benchmarks", "rope_kernels.py")
 OPS = ("rms_norm_rope", "rms_norm_rope_cache", "qk_rope", "qk_rope_cache")
 
 
 def _run(tmp_path, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(tmp_path), *args], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+    return run_dry("rope_kernels.py", tmp_path, *args)
 
 
 def test_dry_run_table(tmp_path):
