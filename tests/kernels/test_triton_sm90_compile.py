@@ -164,11 +164,12 @@ SCRIPT = textwrap.dedent(
         c = dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m, SCALE_BLOCK=128, QUANT_A=quant_a, **FP8)
         out[f"gemv block_m={block_m} quant_a={quant_a}"] = build(gv._gemv_kernel, sig, c, 4)
     # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket), and
-    # rows = G (each program quantizes its own group)
+    # rows = G (each program quantizes its own group). That one at a 128-column chunk: at 512, its two [128, 512]
+    # weight tiles (no TABLE row uses them) had not compiled after 6 (Triton 3.9) / 8 (3.8) minutes of a CPU core
     from fp8_fusion_pass.kernels.triton import _gemv_silu_kernels as gvs
     GSILU = {n: SILU[n] for n in SILU if n not in ("p_ptr", "k_tiles_per_split")}
-    for rows, block_m in ((8, 1), (128, 4)):
-        c = dict(OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=max(1, 128 // rows), ROWS=rows, K_CHUNK=512,
+    for rows, block_m, k_chunk in ((8, 1, 512), (128, 4, 128)):
+        c = dict(OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=max(1, 128 // rows), ROWS=rows, K_CHUNK=k_chunk,
                  BLOCK_M=block_m, SCALE_BLOCK=128, **FP8)
         out[f"gemv_silu rows={rows} block_m={block_m}"] = build(gvs._gemv_silu_quant_kernel, GSILU, c, 4)
     # Qwen3's q / k norms and their RoPE in one launch (rms_norm_rope.py)
