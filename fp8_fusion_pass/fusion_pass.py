@@ -180,6 +180,7 @@ class _Run:
                                 ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
                                 ("gemm_silu_quant", functools.partial(self._whole_graph_rewrite, "gemm_silu_quant")),
                                 ("quant_gemm", functools.partial(self._whole_graph_rewrite, "quant_gemm")),
+                                ("gqa_attention", functools.partial(self._whole_graph_rewrite, "gqa_attention")),
                                 ("zero_fill", self._zero_fill)):
                 try:
                     stage()
@@ -233,7 +234,7 @@ class _Run:
 
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope,
-        qk_rope, rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm. Each rewrites one site whole or
+        qk_rope, rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention. Each rewrites one site whole or
         not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not self._may_run(name):

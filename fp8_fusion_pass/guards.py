@@ -46,6 +46,11 @@ REASONS = {
                                 "written only there (Inductor could not write it in place)",
     "no_kv_write_pair": "rope_cache: not exactly one other cache write (the v write) at the k write's slots",
     "kv_cache_mismatch": "rope_cache: k, v and the two caches differ in shape or dtype",
+    "query_len_not_one": "gqa_attention: more than one query token per head (prefill); the KV copy stays",
+    "kv_copy_shared": "gqa_attention: key and value are not both a repeat_kv copy made for this attention alone, "
+                      "with the query's heads per kv head",
+    "attention_not_plain": "gqa_attention: causal, dropout, a mask not per batch row / head / key, or another "
+                           "output of the attention read",
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",

@@ -43,6 +43,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("gemm_silu_quant", "gemm_silu_quant", "gemm_silu_quant", "blockscale_mm_silu_mul_group_quant", False),
     # group_quant -> blockscale_mm (no producer took the quant in), M <= 4  ->  group_quant_blockscale_mm
     Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", False),
+    # repeat_kv copies of the KV cache -> SDPA, one query token  ->  SDPA on the cache, query heads as rows
+    Fusion("gqa_attention", "gqa_attention", "gqa_attention", None, False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

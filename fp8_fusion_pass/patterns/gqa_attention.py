@@ -1,0 +1,168 @@
+"""Grouped-query attention at decode: SDPA reads the KV cache itself, not a copy of it for every query head.
+
+    before (transformers' ``sdpa_attention_forward`` with a mask, as every static-cache decode step has one)
+    k_rep = reshape(clone(expand(unsqueeze(k_cache, 2), [B, Hkv, G, L, D])), [B, Hkv * G, L, D])   (v the same)
+    out = sdpa(q [B, Hkv * G, 1, D], k_rep, v_rep, mask [B | 1, Hkv * G | 1, 1, L])[0]
+
+    after
+    out = sdpa(q.reshape(B, Hkv, G, D), k_cache, v_cache,
+               mask.expand(B, Hkv * G, 1, L).reshape(B, Hkv, G, L))[0].reshape(B, Hkv * G, 1, D)
+
+Why: transformers passes ``enable_gqa`` to SDPA only without a mask (with one, PyTorch's GQA falls back to the math
+kernel), so with a static cache every decode step first copies the whole cache to each of the G query heads of a
+kv head (``repeat_kv``). On the H200 that copy took most of the HF step: 1410 of 2208 us for 4 Qwen3-8B layers at
+batch 64 (``benchmarks/profile_step.py``, ``docs/benchmarks.md`` "Where a decode step's time goes"), where the
+engine form, which never copies, spends a few percent. With one query token per head the G query heads that share
+a kv head can be the G query rows of that kv head: the same dot products over the same keys, the same softmax and
+sums per row, batched differently. The kernel may block those rows differently from G separate heads, so the
+result is not promised bit for bit (off in deterministic mode).
+
+Every SDPA kernel op Inductor's post-grad graph can hold is taken (CPU flash, CUDA efficient / cuDNN / flash, the
+overrideable one), each by its own argument names; the op stays the one the dispatcher chose. Guards: the switch
+and deterministic mode; one query token (``query_len_not_one``: at prefill the grouped rows would need a mask copy
+per group, and there attention is compute-bound); key and value are each such a copy of a 4-D cache, made for this
+attention alone, with the same G (``kv_copy_shared``); no causal flag, no dropout, a mask per batch row / head / key
+only, nothing read from the op but its output (``attention_not_plain``). An SDPA whose key is not a copy is no
+candidate (nothing reported): MHA models, the engine form, a mask-free call that already passed ``enable_gqa``.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.operator_schemas import normalize_function
+
+from .. import guards
+from . import _graph
+
+aten = torch.ops.aten
+NAME = "gqa_attention"
+# SDPA kernel op -> the name of its mask argument (None: the op takes no mask)
+SDPA_OPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: "attn_mask",
+    aten._scaled_dot_product_efficient_attention.default: "attn_bias",
+    aten._scaled_dot_product_cudnn_attention.default: "attn_bias",
+    aten._scaled_dot_product_flash_attention.default: None,
+    aten._scaled_dot_product_fused_attention_overrideable.default: "attn_bias",
+}
+
+
+def _static(*sizes) -> bool:
+    return all(isinstance(s, int) for s in sizes)
+
+
+def repeat_kv(node) -> tuple[Node, int, list[Node]] | None:
+    """(cache [B, Hkv, L, D], G, the copy's nodes from the reshape back) when ``node`` is transformers'
+    ``repeat_kv(cache, G)`` as post-grad spells it, else None."""
+    if not isinstance(node, Node) or node.target not in _graph.RESHAPES:
+        return None
+    chain, src = [node], node.args[0]
+    if isinstance(src, Node) and src.target is aten.clone.default:
+        chain.append(src)
+        src = src.args[0]
+    if not (isinstance(src, Node) and src.target is aten.expand.default):
+        return None
+    chain.append(src)
+    unsqueeze = src.args[0]
+    if not (isinstance(unsqueeze, Node) and unsqueeze.target is aten.unsqueeze.default and unsqueeze.args[1] == 2):
+        return None
+    chain.append(unsqueeze)
+    cache, rep, out = _graph.val(unsqueeze.args[0]), _graph.val(src), _graph.val(node)
+    if not all(isinstance(t, torch.Tensor) for t in (cache, rep, out)) or (cache.dim(), rep.dim(), out.dim()) != (
+            4, 5, 4):  # fmt: skip
+        return None
+    b, hkv, length, d = cache.shape
+    g = rep.shape[2]
+    if not _static(b, hkv, length, d, g) or list(rep.shape) != [b, hkv, g, length, d] or list(out.shape) != [
+            b, hkv * g, length, d]:  # fmt: skip
+        return None
+    return unsqueeze.args[0], g, chain
+
+
+def _only_user_chain(chain: list[Node], sdpa: Node) -> bool:
+    """The copy (reshape <- clone <- expand) feeds ``sdpa`` and nothing else; the unsqueeze is a view and may be
+    shared."""
+    reader = sdpa
+    for node in chain[:-1]:
+        if list(node.users) != [reader]:
+            return False
+        reader = node
+    return True
+
+
+def _mask_ok(mask, b, hq) -> bool:
+    """A 4-D mask per batch row / head / key that broadcasts over [B, Hq, 1, L]."""
+    m = _graph.val(mask)
+    if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(*m.shape):
+        return False
+    return m.shape[0] in (1, b) and m.shape[1] in (1, hq) and m.shape[2] == 1
+
+
+def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
+    q = _graph.val(kw["query"])
+    b, hq, s, d = q.shape
+    mask_name = SDPA_OPS[sdpa.target]
+    mask = kw.get(mask_name) if mask_name else None
+    outputs = {u.args[1] for u in sdpa.users if u.target is operator.getitem}
+    if not _static(b, hq, s, d) or s != 1:
+        return guards.reject("query_len_not_one", f"query [{b}, {hq}, {s}, {d}]: the grouped rows take one query "
+                             "token per head (decode); the KV copy stays")
+    if k is None or v is None or k[1] != v[1] or hq % k[1] or _graph.val(k[0]).shape[1] * k[1] != hq:
+        return guards.reject("kv_copy_shared", "key and value are not both a repeat_kv copy of a cache with the "
+                             "query's heads per kv head")
+    if not (_only_user_chain(k[2], sdpa) and _only_user_chain(v[2], sdpa)) or kw["key"] is kw["value"]:
+        return guards.reject("kv_copy_shared", "the key / value copy also feeds something else")
+    if kw.get("is_causal") or kw.get("dropout_p", 0.0) != 0.0:
+        return guards.reject("attention_not_plain", f"is_causal={kw.get('is_causal')}, dropout_p="
+                             f"{kw.get('dropout_p')}: the grouped rows would change what each query sees")
+    if outputs != {0} or len(sdpa.users) != 1:
+        return guards.reject("attention_not_plain", "an output besides the attention's is read (logsumexp)")
+    if mask is not None and not _mask_ok(mask, b, hq):
+        return guards.reject("attention_not_plain", f"mask {_graph.shape_str(mask=mask)} is not one per batch row "
+                             "/ head / key over the query heads")
+    return guards.OK
+
+
+def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
+    b, hq, _, d = _graph.val(kw["query"]).shape
+    g = k[1]
+    hkv = hq // g
+    mask_name = SDPA_OPS[sdpa.target]
+    old_out = next(iter(sdpa.users))
+    with _graph.Edit(graph, before=sdpa) as e:
+        new_kw = {**kw, "query": e.call(aten.reshape.default, kw["query"], [b, hkv, g, d]), "key": k[0],
+                  "value": v[0]}  # fmt: skip
+        mask = kw.get(mask_name) if mask_name else None
+        if mask is not None:
+            length = _graph.val(mask).shape[3]
+            wide = e.call(aten.expand.default, mask, [b, hq, 1, length])
+            new_kw[mask_name] = e.call(aten.reshape.default, wide, [b, hkv, g, length])
+        new = e.call(sdpa.target, **new_kw)
+        out = e.call(aten.reshape.default, e.call(operator.getitem, new, 0), [b, hq, 1, d])
+    old_out.replace_all_uses_with(out)
+    _graph.erase_dead(graph, [old_out, sdpa, *k[2], *v[2]])
+    op = sdpa.target._schema.name.split("::")[-1]
+    return f"{op}, {g} query heads per kv head, cache {list(_graph.val(k[0]).shape)}: reads the cache, no copy"
+
+
+def run(graph: Graph, report) -> None:
+    for sdpa in [n for n in graph.nodes if n.op == "call_function" and n.target in SDPA_OPS]:
+        kw = normalize_function(sdpa.target, sdpa.args, sdpa.kwargs, normalize_to_only_use_kwargs=True).kwargs
+        k, v = repeat_kv(kw["key"]), repeat_kv(kw["value"])
+        if k is None:
+            continue  # no KV copy before this attention: not a candidate
+        shapes = _graph.shape_str(q=kw["query"], k=k[0])
+        dtype = _graph.dtype_str(kw["query"])
+        verdict = _check(sdpa, kw, k, v)
+        if not verdict.ok:
+            report.reject(NAME, sdpa.name, verdict.reason, f"{verdict.detail}: the KV copy stays", shapes, dtype)
+            continue
+        try:  # a site that fails to rewrite leaves the graph as it was (Edit); the other sites go on
+            detail = rewrite(graph, sdpa, kw, k, v)
+        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
+            report.error(NAME, sdpa.name, f"replacement raised {type(e).__name__}: {e}")
+            continue
+        report.apply(NAME, sdpa.name, shapes, dtype, detail)

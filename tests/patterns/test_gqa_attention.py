@@ -1,0 +1,139 @@
+"""gqa_attention: transformers' ``repeat_kv`` copies of the KV cache before SDPA go; at one query token per head,
+SDPA reads the cache itself with a kv head's query heads as its query rows.
+
+On the CPU: whole HF decode steps with a ``StaticCache`` (Qwen3, Llama) compiled with and without the rewrite, and a
+hand-written attention (``_Attention``) whose variants each break one guard, checked against eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pattern_helpers import FUSIONS_ONLY, capture, compile_model, rel_l2, run_pass
+from test_rope_cache import LAYERS, _compiled_step, _hf_step
+
+from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.patterns import gqa_attention
+
+aten = torch.ops.aten
+ALONE = dataclasses.replace(FUSIONS_ONLY, gqa_attention=True)
+BF16 = torch.bfloat16
+
+
+def _kv_copies(gm) -> int:
+    """repeat_kv's expands of a cache to [B, Hkv, G, L, D] left in the graph."""
+    return sum(1 for n in gm.graph.nodes if n.target is aten.expand.default and n.meta["val"].dim() == 5)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
+def test_hf_decode_step_reads_the_cache_without_a_copy(preset):
+    model, step, new_cache = _hf_step(preset)
+    with_it = _compiled_step(model, step, new_cache, FusionConfig())
+    without = _compiled_step(model, step, new_cache, FusionConfig(gqa_attention=False))
+    assert with_it[2]["gqa_attention"] == LAYERS and "gqa_attention" not in without[2], with_it[2]
+    # the same math per query row; the kernel may block the rows differently, so close, not promised equal
+    assert rel_l2(with_it[0], without[0]) < 1e-3
+    assert all(torch.equal(a, b) for a, b in zip(with_it[1], without[1]))  # the cache writes are untouched
+    # and the graph lost both copies per layer (captured before the pass, then rewritten)
+    cache, _ = new_cache()
+    (gm,) = capture(lambda ids, pos: model(input_ids=ids, past_key_values=cache, cache_position=pos,
+                                           use_cache=True).logits,
+                    torch.zeros(2, 1, dtype=torch.long), torch.tensor([6]))  # fmt: skip
+    assert _kv_copies(gm) == 2 * LAYERS
+    r, out = run_pass(gm, ALONE)
+    assert r.counts()["gqa_attention"] == LAYERS and _kv_copies(out) == 0 and not r.errors, r.render()
+
+
+class _Attention(torch.nn.Module):
+    """transformers' sdpa_attention_forward with repeat_kv; ``variant`` breaks one guard (or changes the mask)."""
+
+    def __init__(self, variant="", groups=2):
+        super().__init__()
+        self.variant, self.groups = variant, groups
+
+    @staticmethod
+    def repeat_kv(x, g):  # transformers.models.llama.modeling_llama.repeat_kv
+        b, h, length, d = x.shape
+        return x[:, :, None, :, :].expand(b, h, g, length, d).reshape(b, h * g, length, d)
+
+    def forward(self, q, k_cache, v_cache, mask):
+        k = self.repeat_kv(k_cache, self.groups)
+        v = v_cache if self.variant == "v_not_copied" else self.repeat_kv(v_cache, self.groups)
+        kwargs = {"attn_mask": None if self.variant in ("causal", "no_mask") else mask,
+                  "is_causal": self.variant == "causal"}
+        out = F.scaled_dot_product_attention(q, k, v, scale=0.125, **kwargs)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1) + (k.sum() if self.variant == "k_read_too"
+                                                                           else 0)  # fmt: skip
+
+
+def _inputs(variant="", b=2, s=1, hkv=2, g=2, length=16, d=64):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, hkv * g, s, d, generator=gen).to(BF16)
+    k, v = (torch.randn(b, hkv, length, d, generator=gen).to(BF16) for _ in range(2))
+    if variant == "v_not_copied":
+        v = torch.randn(b, hkv * g, length, d, generator=gen).to(BF16)
+    heads = hkv * g if variant == "per_head_mask" else 1
+    visible = torch.rand(b, heads, s, length, generator=gen) < 0.7
+    visible[..., 0] = True  # every row sees a key
+    mask = torch.zeros(visible.shape, dtype=BF16).masked_fill(~visible, float("-inf"))
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("variant", ["", "per_head_mask", "no_mask"])
+def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant):
+    inputs = _inputs(variant)
+    (gm,) = capture(_Attention(variant), *inputs)
+    r, out = run_pass(gm, ALONE)
+    assert r.counts()["gqa_attention"] == 1 and _kv_copies(out) == 0 and not r.errors, r.render()
+    with torch.no_grad():
+        want = _Attention(variant)(*inputs)
+    got, counts = compile_model(_Attention(variant), inputs, ALONE)
+    kept, _ = compile_model(_Attention(variant), inputs, FUSIONS_ONLY)
+    assert counts["gqa_attention"] == 1
+    # as close to eager as the compile that keeps the copy (bf16 output: one rounding)
+    assert rel_l2(got, want) <= rel_l2(kept, want) + 2e-3, (rel_l2(got, want), rel_l2(kept, want))
+
+
+@pytest.mark.parametrize("variant, inputs, reason, why", [
+    ("", {"s": 4}, "query_len_not_one", "one query token"),  # prefill: the grouped rows would need a mask per group
+    ("causal", {}, "attention_not_plain", "is_causal=True"),  # a causal query 0 sees key 0 only; row g would see g
+    ("k_read_too", {}, "kv_copy_shared", "also feeds"),  # the copy stays for its other reader: nothing saved
+    ("v_not_copied", {}, "kv_copy_shared", "not both"),
+])  # fmt: skip
+def test_guards_keep_the_copy(variant, inputs, reason, why):
+    (gm,) = capture(_Attention(variant), *_inputs(variant, **inputs))
+    r, out = run_pass(gm, ALONE)
+    assert "gqa_attention" not in r.counts() and r.rejection_reasons() == {reason: 1}, r.render()
+    assert why in next(d.detail for d in r.rejected if d.pattern == "gqa_attention"), r.render()
+    assert _kv_copies(out) == _kv_copies(gm) and not r.errors
+
+
+def test_dropout_keeps_the_copy():
+    # SDPA with dropout decomposes to math ops on the CPU: set it on the captured kernel op instead
+    (gm,) = capture(_Attention(), *_inputs())
+    (sdpa,) = [n for n in gm.graph.nodes if n.target in gqa_attention.SDPA_OPS]
+    sdpa.update_kwarg("dropout_p", 0.5)
+    r, _ = run_pass(gm, ALONE)
+    assert r.rejection_reasons() == {"attention_not_plain": 1} and "dropout_p=0.5" in r.rejected[0].detail, r.render()
+
+
+class _NoCopy(torch.nn.Module):
+    def forward(self, q, k, v, mask):  # MHA, or a caller that passed enable_gqa: SDPA on the cache already
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_an_attention_without_a_copy_is_no_candidate():
+    (gm,) = capture(_NoCopy(), *_inputs(g=1))
+    r, _ = run_pass(gm, ALONE)
+    assert r.render().count("gqa_attention") == 0 and not r.errors, r.render()
+
+
+def test_every_sdpa_kernel_op_is_read_by_its_own_argument_names():
+    # a renamed argument in a future torch would make the rewrite drop the mask: fail here instead
+    for op, mask in gqa_attention.SDPA_OPS.items():
+        names = [a.name for a in op._schema.arguments]
+        assert names[:3] == ["query", "key", "value"] and "is_causal" in names and "dropout_p" in names, op
+        assert mask is None or mask in names, op
