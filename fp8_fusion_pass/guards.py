@@ -47,6 +47,8 @@ REASONS = {
     "no_kv_write_pair": "rope_cache: not exactly one other cache write (the v write) at the k write's slots",
     "kv_cache_mismatch": "rope_cache: k, v and the two caches differ in shape or dtype",
     "query_len_not_one": "gqa_attention: more than one query token per head (prefill); the KV copy stays",
+    "kv_heads_dynamic": "gqa_attention: the head counts, head dim or cache length are symbolic (dynamic=True); only "
+                        "the batch may be",
     "kv_copy_shared": "gqa_attention: key and value are not both a repeat_kv copy made for this attention alone, "
                       "with the query's heads per kv head",
     "attention_not_plain": "gqa_attention: causal, dropout, a mask not per batch row / head / key, or another "
@@ -57,6 +59,8 @@ REASONS = {
     "m_above_gemv": "quant_gemm: static M above the quantizing GEMV's 4 rows (batch 1-4 decode only)",
     "unfused_pair_faster": "gemm_silu_quant / quant_gemm: at this M and shape the fused launch has no measured win "
                            "over two; norm_rope / qk_rope: Inductor's combo kernels measured faster here",
+    "kv_copy_faster": "gqa_attention: batch x kv heads too small to fill the GPU with the grouped SDPA; the copy + "
+                      "per-head SDPA measured as fast (H200)",
     # runtime gates
     "disabled_by_config": "the fusion is switched off in FusionConfig",
     "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",
@@ -259,6 +263,23 @@ def should_fuse_norm_rope(cache_writes_join: bool) -> Verdict:
     if getattr(config, "combo_kernels", False) and not cache_writes_join:
         return reject("unfused_pair_faster", "Inductor's combo_kernels is on and no KV-cache write joins the launch: "
                       "its combined RoPE / cache-write launch measured faster than ours beside the writes (H200)")
+    return OK
+
+
+# gqa_attention: the fewest (batch row, kv head) pairs at which the grouped SDPA is taken. cuDNN runs one program
+# per pair there, each streaming its L keys and values; with too few the GPU idles. H200, Qwen3-8B HF (8 kv heads,
+# 576 slots), attention kernels per layer from benchmarks/profile_step.py, grouped vs copy + per-head SDPA: 8 pairs
+# (batch 1) 16.3 vs 13.5 us (the step within 0.5%), 16 pairs 16.6 vs 19.3, 32 pairs 17.0 vs 41.5, 64 pairs 17.7
+# vs 53.9, 512 pairs 64.5 vs 348 (docs/benchmarks.md, "Grouped-query attention at decode").
+GQA_MIN_PAIRS = 16
+
+
+def should_read_cache_grouped(batch, kv_heads: int) -> Verdict:
+    """At a static batch, enough (batch row, kv head) pairs that the grouped SDPA beats the KV copy; a symbolic
+    batch is taken (at batch 1 the two measured within 0.5% per step, at 2-64 the grouped one up to 5.4x faster)."""
+    if isinstance(batch, int) and batch * kv_heads < GQA_MIN_PAIRS:
+        return reject("kv_copy_faster", f"batch {batch} x {kv_heads} kv heads = {batch * kv_heads} programs, under "
+                      f"{GQA_MIN_PAIRS}: the grouped SDPA measured no faster than the copy (guards.GQA_MIN_PAIRS)")
     return OK
 
 

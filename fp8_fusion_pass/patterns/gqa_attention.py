@@ -20,9 +20,12 @@ result is not promised bit for bit (off in deterministic mode).
 Every SDPA kernel op Inductor's post-grad graph can hold is taken (CPU flash, CUDA efficient / cuDNN / flash, the
 overrideable one), each by its own argument names; the op stays the one the dispatcher chose. Guards: the switch
 and deterministic mode; one query token (``query_len_not_one``: at prefill the grouped rows would need a mask copy
-per group, and there attention is compute-bound); key and value are each such a copy of a 4-D cache, made for this
+per group, and there attention is compute-bound); static head counts, head dim and cache length, the batch
+alone may be symbolic (``kv_heads_dynamic``: ``dynamic=True`` makes them all symbolic); key and value are each such a copy of a 4-D cache, made for this
 attention alone, with the same G (``kv_copy_shared``); no causal flag, no dropout, a mask per batch row / head / key
-only, nothing read from the op but its output (``attention_not_plain``). An SDPA whose key is not a copy is no
+only, nothing read from the op but its output (``attention_not_plain``); at a static batch, at least
+``guards.GQA_MIN_PAIRS`` (batch row, kv head) pairs (``kv_copy_faster``: cuDNN runs a program per pair, and at
+batch 1 with 8 kv heads the grouped SDPA measured no faster than the copy). An SDPA whose key is not a copy is no
 candidate (nothing reported): MHA models, the engine form, a mask-free call that already passed ``enable_gqa``.
 """
 
@@ -54,9 +57,15 @@ def _static(*sizes) -> bool:
     return all(isinstance(s, int) for s in sizes)
 
 
+def _shape_is(t: torch.Tensor, want) -> bool:
+    """``t``'s shape is ``want`` (sizes or SymInts), provably: a symbolic batch matches itself, never a guess."""
+    return t.dim() == len(want) and all(statically_known_true(a == b) for a, b in zip(t.shape, want))
+
+
 def repeat_kv(node) -> tuple[Node, int, list[Node]] | None:
     """(cache [B, Hkv, L, D], G, the copy's nodes from the reshape back) when ``node`` is transformers'
-    ``repeat_kv(cache, G)`` as post-grad spells it, else None."""
+    ``repeat_kv(cache, G)`` as post-grad spells it, else None. Sizes may be symbolic (``_check`` says which it
+    needs static)."""
     if not isinstance(node, Node) or node.target not in _graph.RESHAPES:
         return None
     chain, src = [node], node.args[0]
@@ -71,13 +80,11 @@ def repeat_kv(node) -> tuple[Node, int, list[Node]] | None:
         return None
     chain.append(unsqueeze)
     cache, rep, out = _graph.val(unsqueeze.args[0]), _graph.val(src), _graph.val(node)
-    if not all(isinstance(t, torch.Tensor) for t in (cache, rep, out)) or (cache.dim(), rep.dim(), out.dim()) != (
-            4, 5, 4):  # fmt: skip
+    if not all(isinstance(t, torch.Tensor) for t in (cache, rep, out)) or (cache.dim(), rep.dim()) != (4, 5):
         return None
     b, hkv, length, d = cache.shape
     g = rep.shape[2]
-    if not _static(b, hkv, length, d, g) or list(rep.shape) != [b, hkv, g, length, d] or list(out.shape) != [
-            b, hkv * g, length, d]:  # fmt: skip
+    if not (_shape_is(rep, (b, hkv, g, length, d)) and _shape_is(out, (b, hkv * g, length, d))):
         return None
     return unsqueeze.args[0], g, chain
 
@@ -96,21 +103,26 @@ def _only_user_chain(chain: list[Node], sdpa: Node) -> bool:
 def _mask_ok(mask, b, hq) -> bool:
     """A 4-D mask per batch row / head / key that broadcasts over [B, Hq, 1, L]."""
     m = _graph.val(mask)
-    if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(*m.shape):
+    if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(*m.shape[1:]):
         return False
-    return m.shape[0] in (1, b) and m.shape[1] in (1, hq) and m.shape[2] == 1
+    rows_ok = statically_known_true(m.shape[0] == 1) or statically_known_true(m.shape[0] == b)
+    return rows_ok and m.shape[1] in (1, hq) and m.shape[2] == 1
 
 
 def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
+    """k / v: ``repeat_kv``'s answer for the key (never None here: no copy, no candidate) and the value."""
     q = _graph.val(kw["query"])
     b, hq, s, d = q.shape
     mask_name = SDPA_OPS[sdpa.target]
     mask = kw.get(mask_name) if mask_name else None
     outputs = {u.args[1] for u in sdpa.users if u.target is operator.getitem}
-    if not _static(b, hq, s, d) or s != 1:
+    if not _static(s) or s != 1:
         return guards.reject("query_len_not_one", f"query [{b}, {hq}, {s}, {d}]: the grouped rows take one query "
                              "token per head (decode); the KV copy stays")
-    if k is None or v is None or k[1] != v[1] or hq % k[1] or _graph.val(k[0]).shape[1] * k[1] != hq:
+    if not _static(hq, d, k[1], *_graph.val(k[0]).shape[1:]):
+        return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache "
+                             f"{list(_graph.val(k[0]).shape)}: only the batch may be symbolic")
+    if v is None or k[1] != v[1] or hq % k[1] or _graph.val(k[0]).shape[1] * k[1] != hq:
         return guards.reject("kv_copy_shared", "key and value are not both a repeat_kv copy of a cache with the "
                              "query's heads per kv head")
     if not (_only_user_chain(k[2], sdpa) and _only_user_chain(v[2], sdpa)) or kw["key"] is kw["value"]:
@@ -123,25 +135,26 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     if mask is not None and not _mask_ok(mask, b, hq):
         return guards.reject("attention_not_plain", f"mask {_graph.shape_str(mask=mask)} is not one per batch row "
                              "/ head / key over the query heads")
-    return guards.OK
+    return guards.should_read_cache_grouped(b, hq // k[1])
 
 
 def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
-    b, hq, _, d = _graph.val(kw["query"]).shape
+    # the batch may be symbolic: every reshape leaves it to -1 / the input's own size
+    _, hq, _, d = _graph.val(kw["query"]).shape
     g = k[1]
     hkv = hq // g
     mask_name = SDPA_OPS[sdpa.target]
     old_out = next(iter(sdpa.users))
     with _graph.Edit(graph, before=sdpa) as e:
-        new_kw = {**kw, "query": e.call(aten.reshape.default, kw["query"], [b, hkv, g, d]), "key": k[0],
+        new_kw = {**kw, "query": e.call(aten.reshape.default, kw["query"], [-1, hkv, g, d]), "key": k[0],
                   "value": v[0]}  # fmt: skip
         mask = kw.get(mask_name) if mask_name else None
-        if mask is not None:
+        if mask is not None:  # [B | 1, Hq | 1, 1, L] -> [B | 1, Hkv, G, L]: head h = kv * G + g, as repeat_kv's
             length = _graph.val(mask).shape[3]
-            wide = e.call(aten.expand.default, mask, [b, hq, 1, length])
-            new_kw[mask_name] = e.call(aten.reshape.default, wide, [b, hkv, g, length])
+            wide = e.call(aten.expand.default, mask, [-1, hq, 1, length])
+            new_kw[mask_name] = e.call(aten.reshape.default, wide, [-1, hkv, g, length])
         new = e.call(sdpa.target, **new_kw)
-        out = e.call(aten.reshape.default, e.call(operator.getitem, new, 0), [b, hq, 1, d])
+        out = e.call(aten.reshape.default, e.call(operator.getitem, new, 0), [-1, hq, 1, d])
     old_out.replace_all_uses_with(out)
     _graph.erase_dead(graph, [old_out, sdpa, *k[2], *v[2]])
     op = sdpa.target._schema.name.split("::")[-1]
