@@ -118,7 +118,7 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     outputs = {u.args[1] for u in sdpa.users if u.target is operator.getitem}
     if not _static(s) or s != 1:
         return guards.reject("query_len_not_one", f"query [{b}, {hq}, {s}, {d}]: the grouped rows take one query "
-                             "token per head (decode); the KV copy stays")
+                             "token per head (decode)")
     if not _static(hq, d, k[1], *_graph.val(k[0]).shape[1:]):
         return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache "
                              f"{list(_graph.val(k[0]).shape)}: only the batch may be symbolic")
