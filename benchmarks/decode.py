@@ -25,6 +25,9 @@ Accuracy: each block-FP8 variant's logits against the same model run eagerly (``
 pass (``--compile full``: the logits of the last timed step, whose HF cache state differs from the eager one). Random weights through 36 layers amplify
 any rounding difference, so compare the pass's error against eager with the no-pass compile's, not with zero.
 
+A run stopped by SIGTERM (``timeout 560 python benchmarks/decode.py ...``, to fit a device call) still prints the
+table, with the accuracy columns, of every cell that finished.
+
 ``--dry-run``: the same code on the CPU with a tiny preset (``qwen3-tiny``), each "graph replay" a plain call and
 times from the wall clock, so a test checks the harness end to end; its times mean nothing.
 
@@ -41,6 +44,7 @@ import functools
 import gc
 import os
 import re
+import signal
 import statistics
 import sys
 import time
@@ -375,6 +379,14 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
     torch.cuda.empty_cache()
 
 
+class Stopped(Exception):
+    """SIGTERM (``timeout N python decode.py ...``): stop, and print the table of the cells that finished."""
+
+
+def _stop(signum, frame):
+    raise Stopped()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", default="qwen3-8b,llama3.1-8b")
@@ -417,13 +429,21 @@ def main(argv=None) -> int:
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}; Inductor options "
         f"{INDUCTOR_OPTIONS or 'default'}")
     rows: list[dict] = []
-    for preset in args.presets.split(","):
-        get_preset(preset)
-        for form in args.forms.split(","):
-            reference_logits: dict = {}
-            eager_logits: dict = {}
-            for label in variants:
-                run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits)
+    # An HF cell costs 50-90 s of layer recompiles on the H200, so a run may outlast its device call: under
+    # `timeout`, SIGTERM ends it with the table (and the accuracy columns) of every cell that finished.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        for preset in args.presets.split(","):
+            get_preset(preset)
+            for form in args.forms.split(","):
+                reference_logits: dict = {}
+                eager_logits: dict = {}
+                for label in variants:
+                    run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits)
+    except Stopped:
+        log(f"stopped (SIGTERM) after {len(rows)} cells: the table has those")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print_table(rows)
     return 0
 

@@ -91,3 +91,26 @@ def test_inductor_options_reach_both_compiles_or_exit_with_the_reason():
         decode.INDUCTOR_OPTIONS = old
     assert without == {"combo_kernels": True}
     assert with_pass["combo_kernels"] is True and "post_grad_custom_post_pass" in with_pass
+
+
+def test_sigterm_prints_the_cells_that_finished(monkeypatch, capsys):
+    # `timeout N python decode.py` ends a run that outlasts its device call: the finished cells still get their
+    # table (on the H200 two HF runs lost theirs to a timeout before this)
+    import os
+    import signal
+
+    import decode
+
+    def one_cell_then_sigterm(preset, form, label, args, bw, rows, reference_logits, eager_logits):
+        rows.append(dict(preset=preset, form=form, variant=label, batch=1, ms=2.0 if "pass" in label else 3.0,
+                         roofline_ms=1.0, err="", err_eager=""))
+        if "pass" in label:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(decode, "run_variant", one_cell_then_sigterm)
+    monkeypatch.setattr(decode, "copy_bandwidth", lambda dry_run: 1e12)
+    assert decode.main(["--dry-run", "--presets", "qwen3-tiny", "--forms", "hf", "--no-bf16", "--prefill", "0"]) == 0
+    out = capsys.readouterr()
+    assert re.search(r"^qwen3-tiny\s+hf\s+pass\s+1\s+3\S*\s+2\S*\s+1\.500x", out.out, re.M), out.out
+    assert "stopped (SIGTERM) after 2 cells" in out.err
+    assert signal.getsignal(signal.SIGTERM) is not decode._stop  # the handler is put back
