@@ -11,8 +11,7 @@ import os
 
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
 FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "norm_rope", "qk_rope", "rope_cache", "inline_norm",
-           "group_gemm", "gemm_silu_quant", "quant_gemm", "gqa_attention",
-           "zero_fill")
+           "group_gemm", "gemm_silu_quant", "quant_gemm", "gqa_attention", "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 

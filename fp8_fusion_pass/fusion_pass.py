@@ -234,8 +234,8 @@ class _Run:
 
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope,
-        qk_rope, rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention. Each rewrites one site whole or
-        not at all, so a failure leaves a valid graph."""
+        qk_rope, rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention. Each rewrites one
+        site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not self._may_run(name):
             return

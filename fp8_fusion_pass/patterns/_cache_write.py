@@ -74,10 +74,6 @@ def _positions(write: Node, x) -> tuple[Node, tuple] | None:
     return at.args[0], (at.args[0], True)
 
 
-def _shape_is(t: torch.Tensor, *shapes) -> bool:
-    return any(t.dim() == len(sh) and all(statically_known_true(a == b) for a, b in zip(t.shape, sh)) for sh in shapes)
-
-
 def find(value: Node) -> CacheWrite | None:
     """The cache write whose only input value is ``value`` (its only user), or None (``why_not`` says why)."""
     return of_write(next(iter(value.users)), value) if len(value.users) == 1 else None
@@ -111,7 +107,7 @@ def _why(write: Node, value: Node | None) -> str:
     if found is None:
         return "the write is indexed other than [rows, heads, positions] / [None, None, positions] along dim 2"
     pv, (b, _, s, _) = _graph.val(found[0]), xv.shape
-    if not (isinstance(pv, torch.Tensor) and pv.dtype in _INT and _shape_is(pv, (s,), (b, s), (1, s))):
+    if not (isinstance(pv, torch.Tensor) and pv.dtype in _INT and _graph.shape_is(pv, (s,), (b, s), (1, s))):
         return "the positions are not int32 / int64 [S], [1, S] or [B, S]"
     copies = [u for u in write.users if u.target is aten.copy_.default and u.args == (cache, write)]
     if len(copies) != 1:

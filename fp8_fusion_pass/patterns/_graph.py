@@ -143,6 +143,13 @@ def dtype_str(node) -> str:
     return str(v.dtype).replace("torch.", "") if isinstance(v, torch.Tensor) else ""
 
 
+def shape_is(t: torch.Tensor, *shapes) -> bool:
+    """``t``'s shape is provably one of ``shapes`` (sizes or SymInts: a symbolic size matches itself, never a
+    guess)."""
+    return any(t.dim() == len(sh) and all(statically_known_true(a == b) for a, b in zip(t.shape, sh))
+               for sh in shapes)  # fmt: skip
+
+
 def same_shape(a, b) -> bool:
     a, b = val(a), val(b)
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != b.dim():

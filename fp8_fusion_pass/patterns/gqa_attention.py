@@ -61,11 +61,6 @@ def _static(*sizes) -> bool:
     return all(isinstance(s, int) for s in sizes)
 
 
-def _shape_is(t: torch.Tensor, want) -> bool:
-    """``t``'s shape is ``want`` (sizes or SymInts), provably: a symbolic batch matches itself, never a guess."""
-    return t.dim() == len(want) and all(statically_known_true(a == b) for a, b in zip(t.shape, want))
-
-
 def repeat_kv(node) -> tuple[Node, int, list[Node]] | None:
     """(cache [B, Hkv, L, D], G, the copy's nodes from the reshape back) when ``node`` is transformers'
     ``repeat_kv(cache, G)`` as post-grad spells it, else None. Sizes may be symbolic (``_check`` says which it
@@ -88,7 +83,7 @@ def repeat_kv(node) -> tuple[Node, int, list[Node]] | None:
         return None
     b, hkv, length, d = cache.shape
     g = rep.shape[2]
-    if not (_shape_is(rep, (b, hkv, g, length, d)) and _shape_is(out, (b, hkv * g, length, d))):
+    if not (_graph.shape_is(rep, (b, hkv, g, length, d)) and _graph.shape_is(out, (b, hkv * g, length, d))):
         return None
     return unsqueeze.args[0], g, chain
 

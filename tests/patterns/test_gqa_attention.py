@@ -13,43 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pattern_helpers import FUSIONS_ONLY, capture, compile_model, rel_l2, run_pass
-from test_rope_cache import LAYERS, _compiled_step
+from test_rope_cache import LAYERS, _compiled_step, _hf_step
 
 from fp8_fusion_pass import guards
 from fp8_fusion_pass import report as report_mod
-from fp8_fusion_pass.fusion_pass import FP8FusionPass
-
 from fp8_fusion_pass.config import FusionConfig
-from fp8_fusion_pass.models import build_model
+from fp8_fusion_pass.fusion_pass import FP8FusionPass
 from fp8_fusion_pass.patterns import gqa_attention
 
 aten = torch.ops.aten
 ALONE = dataclasses.replace(FUSIONS_ONLY, gqa_attention=True)
 BF16 = torch.bfloat16
 BATCH = 8  # the tiny presets' 2 kv heads x 8 rows = guards.GQA_MIN_PAIRS: the smallest batch the rewrite takes
-
-
-def _hf_step(preset, batch=BATCH):
-    """A transformers decode step with a StaticCache of random contents (test_rope_cache's, at ``batch`` rows)."""
-    from transformers import StaticCache
-
-    m = build_model(preset, form="hf", layers=LAYERS)
-    ids, position = torch.randint(0, 100, (batch, 1), generator=torch.Generator().manual_seed(0)), torch.tensor([6])
-
-    def new_cache():
-        cache = StaticCache(config=m.config, max_cache_len=16)
-        with torch.no_grad():  # allocates the layers' buffers
-            m(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True)
-        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-        for i, t in enumerate(tensors):
-            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(i)))
-        for layer in cache.layers:
-            if hasattr(layer, "cumulative_length"):  # transformers 5.x counts the tokens written
-                layer.cumulative_length.fill_(6)
-        return cache, tensors
-
-    return m, lambda f, cache: f(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True), (
-        new_cache)
 
 
 def _kv_copies(gm) -> int:
@@ -59,7 +34,7 @@ def _kv_copies(gm) -> int:
 
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
 def test_hf_decode_step_reads_the_cache_without_a_copy(preset):
-    model, step, new_cache = _hf_step(preset)
+    model, step, new_cache = _hf_step(preset, BATCH)
     with_it = _compiled_step(model, step, new_cache, FusionConfig())
     without = _compiled_step(model, step, new_cache, FusionConfig(gqa_attention=False))
     assert with_it[2]["gqa_attention"] == LAYERS and "gqa_attention" not in without[2], with_it[2]

@@ -40,11 +40,11 @@ def _engine_step(preset):
     return m, lambda f, cache: f(ids, positions, cache), new_cache
 
 
-def _hf_step(preset):
+def _hf_step(preset, batch=2):
     from transformers import StaticCache
 
     m = build_model(preset, form="hf", layers=LAYERS)
-    ids, position = torch.randint(0, 100, (2, 1), generator=torch.Generator().manual_seed(0)), torch.tensor([6])
+    ids, position = torch.randint(0, 100, (batch, 1), generator=torch.Generator().manual_seed(0)), torch.tensor([6])
 
     def new_cache():
         cache = StaticCache(config=m.config, max_cache_len=16)
