@@ -109,7 +109,12 @@ def test_sigterm_prints_the_cells_that_finished(monkeypatch, capsys):
 
     monkeypatch.setattr(decode, "run_variant", one_cell_then_sigterm)
     monkeypatch.setattr(decode, "copy_bandwidth", lambda dry_run: 1e12)
-    assert decode.main(["--dry-run", "--presets", "qwen3-tiny", "--forms", "hf", "--no-bf16", "--prefill", "0"]) == 0
+    import torch
+
+    with torch.enable_grad():  # main() turns grad off for the process: give later tests theirs back
+        assert decode.main(["--dry-run", "--presets", "qwen3-tiny", "--forms", "hf", "--no-bf16", "--prefill",
+                            "0"]) == 0  # fmt: skip
+    assert torch.is_grad_enabled()
     out = capsys.readouterr()
     assert re.search(r"^qwen3-tiny\s+hf\s+pass\s+1\s+3\S*\s+2\S*\s+1\.500x", out.out, re.M), out.out
     assert "stopped (SIGTERM) after 2 cells" in out.err
