@@ -10,7 +10,13 @@ against the fp32 math reference:
 - ``sdpa_efficient``: the same call under ``sdpa_kernel(EFFICIENT_ATTENTION)``;
 - ``math``: q @ k^T, masked fp32 softmax, @ v, left to Inductor (two GEMMs and a fused softmax);
 - ``flex``: ``flex_attention`` with the mask as a ``score_mod`` (Inductor's flex-decoding template, split over
-  the keys).
+  the keys);
+- ``fused``: ``fp8_fusion::decode_attention`` (``kernels/triton/decode_attention.py``) called on the engine's
+  grouped q and mask: the kernel the ``decode_attention`` rewrite swaps in;
+- ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed.
+
+``--sweep`` times every ``AttentionConfig`` of ``SWEEP`` on the kernel alone (20 calls per CUDA graph, so the
+graph launch is not counted), per batch, and prints the best.
 Roofline: the valid K/V bytes read once over the copy bandwidth.
 """
 
@@ -28,7 +34,59 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import copy_bandwidth  # noqa: E402
 from decode import capture, log, time_replays  # noqa: E402
 
+from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
+
+SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3)
+         for p in (1, 2, 4)]  # fmt: skip
+
+
+def fused(q, k_cache, v_cache, positions, scale):
+    """The engine's grouped q and mask (``engine.decode_attention``) handed to the fused op."""
+    b, h, s, d = q.shape
+    hkv, t = k_cache.shape[1], k_cache.shape[2]
+    keep = torch.arange(t, device=q.device) <= positions.unsqueeze(-1)  # [B, S, T]
+    keep = keep.unsqueeze(1).expand(b, h // hkv, s, t).reshape(b, 1, h // hkv * s, t)
+    o = torch.ops.fp8_fusion.decode_attention(q.reshape(b, hkv, h // hkv * s, d), k_cache, v_cache, keep, scale)
+    return o.reshape(b, h, s, d)
+
+
+def compiled(impl: str, scale: float):
+    torch._dynamo.reset()
+    if impl == "fused":
+        return torch.compile(lambda q, kc, vc, pos: fused(q, kc, vc, pos, scale))
+    if impl == "math+pass":
+        from fp8_fusion_pass import backend as fp8_backend
+
+        return torch.compile(lambda q, kc, vc, pos: decode_attention(q, kc, vc, pos, scale, "math"),
+                             backend=fp8_backend.backend())
+    return torch.compile(lambda q, kc, vc, pos, impl=impl: decode_attention(q, kc, vc, pos, scale, impl))
+
+
+def sweep(batches, context: int, max_seq: int) -> None:
+    """Every SWEEP config on the kernel alone, per batch: us per call, the best first."""
+    from tabulate import tabulate
+
+    hkv, r, d = 8, 4, 128
+    best = []
+    for batch in batches:
+        g = torch.Generator(device="cuda").manual_seed(batch)
+        q = torch.randn(batch, hkv, r, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k_cache = torch.randn(batch, hkv, max_seq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        v_cache = torch.randn_like(k_cache)
+        keep = (torch.arange(max_seq, device="cuda") <= context).view(1, 1, 1, max_seq)
+        times = []
+        for cfg in SWEEP:
+            graph, _ = capture(lambda *a, cfg=cfg: [kernel.decode_attention(*a, d**-0.5, cfg) for _ in range(20)],
+                               (q, k_cache, v_cache, keep))  # fmt: skip
+            times.append((time_replays(graph, 20) * 1e3 / 20, cfg))
+        times.sort(key=lambda x: x[0])
+        splits = [kernel.plan(batch * hkv, max_seq, torch.cuda.get_device_properties(0).multi_processor_count, c)[0]
+                  for _, c in times[:3]]  # fmt: skip
+        default = next(us for us, c in times if c == kernel.DEFAULT)
+        log(f"sweep batch {batch}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
+        best.append([batch, f"{times[0][0]:.2f}", str(times[0][1]), splits[0], f"{default:.2f}", f"{times[-1][0]:.2f}"])
+    print(tabulate(best, headers=["batch", "best us", "config", "splits", "DEFAULT us", "worst us"]))
 
 
 def reference(q, k_cache, v_cache, positions, scale):
@@ -46,9 +104,13 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
-    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex")
+    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,math+pass")
+    p.add_argument("--sweep", action="store_true", help="time SWEEP's kernel configs instead")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
+    if args.sweep:
+        sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq)
+        return 0
     bw = copy_bandwidth()
     h, hkv, d = 32, 8, 128
     rows = []
@@ -61,9 +123,8 @@ def main(argv=None) -> int:
         want = reference(q, k_cache, v_cache, positions, d**-0.5)
         roof_us = 2 * batch * hkv * (args.context + 1) * d * 2 / bw * 1e6
         for impl in args.impls.split(","):
-            torch._dynamo.reset()
-            fn = torch.compile(lambda q, kc, vc, pos, impl=impl: decode_attention(q, kc, vc, pos, d**-0.5, impl))
             try:
+                fn = compiled(impl, d**-0.5)
                 graph, out = capture(fn, (q, k_cache, v_cache, positions))
                 us = time_replays(graph, 200) * 1e3
                 err = ((out.float() - want.float()).norm() / want.float().norm()).item()

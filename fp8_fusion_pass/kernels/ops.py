@@ -24,6 +24,7 @@ Outputs (``x [..., K]``, ``g = group_size``):
   rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v [B,Hk,S,D], positions [B|1,S] or [S], k_cache!, v_cache!)
                                                      -> q [B,Hq,S,D]; k, v written at positions into caches [B,Hk,T,D]
   qk_rope_cache(q, k, cos, sin, v, positions, k_cache!, v_cache!) -> q     (the same, without norms)
+  decode_attention(q [B,Hkv,R,D], k_cache [B,Hkv,T,D], v_cache, keep [B|1,Hkv|1,R|1,T] bool, scale) -> o [B,Hkv,R,D]
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -355,6 +356,51 @@ def _(q, k, cos, sin, v, positions, k_cache, v_cache):
     _check_norm_rope_cache("qk_rope_cache", q, None, k, None, cos, sin, v, positions, k_cache, v_cache)
     b, s, hq, d = q.shape
     return q.new_empty((b, hq, s, d))
+
+
+ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
+ATTENTION_MAX_ROWS = 64  # query rows per kv head (the Triton kernel keeps them in registers)
+ATTENTION_MAX_HEAD_DIM = 256
+
+
+def _check_decode_attention(op, q, k_cache, v_cache, keep, scale):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("keep", keep)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{op}: {name} must be a 4-D tensor, got {got}")
+    if q.dtype not in ATTENTION_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"{op}: q, k_cache and v_cache must share one dtype, bf16 or fp16; got {q.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}")
+    if keep.dtype != torch.bool:
+        raise TypeError(f"{op}: keep must be a bool mask (True: the slot is seen), got {keep.dtype}")
+    b, hkv, r, d = q.shape
+    if tuple(k_cache.shape) != tuple(v_cache.shape) or tuple(k_cache.shape[:2]) != (b, hkv) or k_cache.shape[3] != d:
+        raise ValueError(f"{op}: k_cache and v_cache must both be [B, Hkv, T, D] = [{b}, {hkv}, T, {d}] (q's B, Hkv, "
+                         f"D), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    t = k_cache.shape[2]
+    if any(m not in (1, n) for m, n in zip(keep.shape[:3], (b, hkv, r))) or keep.shape[3] != t:
+        raise ValueError(f"{op}: keep must broadcast to [B, Hkv, R, T] = [{b}, {hkv}, {r}, {t}], got "
+                         f"{tuple(keep.shape)}")
+    if r > ATTENTION_MAX_ROWS or d > ATTENTION_MAX_HEAD_DIM:
+        raise ValueError(f"{op}: at most {ATTENTION_MAX_ROWS} query rows per kv head and head dim "
+                         f"{ATTENTION_MAX_HEAD_DIM}, got {r} rows of {d}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError(f"{op}: scale must be a number, got {type(scale).__name__}")
+    checks.same_device(op, q=q, k_cache=k_cache, v_cache=v_cache, keep=keep)
+
+
+@custom_op(f"{NS}::decode_attention", mutates_args=())
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, keep: Tensor, scale: float) -> Tensor:
+    """Softmax attention of the R query rows per kv head over a static cache (``reference.decode_attention``),
+    one launch on the Triton backend (split-KV, GQA rows grouped). Output ``[B, Hkv, R, D]`` contiguous."""
+    _check_decode_attention("decode_attention", q, k_cache, v_cache, keep, scale)
+    return _kernel("decode_attention", q)(q, k_cache, v_cache, keep, scale)
+
+
+@decode_attention.register_fake
+def _(q, k_cache, v_cache, keep, scale):
+    _check_decode_attention("decode_attention", q, k_cache, v_cache, keep, scale)
+    return q.new_empty(q.shape, memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------- mutating (the zero-fill case)

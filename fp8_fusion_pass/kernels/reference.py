@@ -185,3 +185,13 @@ def quantize_weight_blockwise(w: torch.Tensor, block: tuple[int, int], fp8_dtype
     scale = _over_fp8_max(amax.clamp(min=AMAX_FLOOR), fp8_max)
     w_q = (wb / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype).reshape(n, k)
     return w_q, scale.reshape(n // bn, k // bk)
+
+
+def decode_attention(q, k_cache, v_cache, keep, scale: float) -> torch.Tensor:
+    """Softmax attention of ``q [B, Hkv, R, D]`` (the R query rows that share a kv head) over the cache slots
+    ``t`` of ``k_cache / v_cache [B, Hkv, T, D]`` where ``keep [B|1, Hkv|1, R|1, T]`` is True: scores, softmax and
+    the sum over values in fp32, the output rounded to q's dtype once. A row that keeps no slot is NaN, as
+    softmax over nothing is."""
+    s = torch.matmul(q.float(), k_cache.float().transpose(-1, -2)) * scale
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.matmul(s.softmax(-1), v_cache.float()).to(q.dtype)

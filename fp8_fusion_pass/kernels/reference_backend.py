@@ -68,4 +68,5 @@ def kernels() -> dict:
         "qk_rope": ref.qk_rope,
         "qk_rope_cache": ref.qk_rope_cache,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
+        "decode_attention": ref.decode_attention,
     }

@@ -1,0 +1,183 @@
+"""Decode attention over a static KV cache in one launch: split-KV flash decoding, GQA rows grouped per kv head.
+
+    o [B, Hkv, R, D] = softmax(where(keep, scale * q @ k_cache^T, -inf)) @ v_cache      (``reference.decode_attention``)
+
+``R`` is the query rows that share a kv head: G query heads x S tokens (the engine form's grouped decode query).
+
+Why: written as plain torch (the engine form, HF's eager attention), a decode step's attention is a score GEMM,
+a softmax and a value GEMM: three or four launches and the [B, Hkv, R, T] scores written and read twice. On the
+H200 that took 8.8 us per layer at batch 1 and 51.6 us at batch 64 (Qwen3-8B heads, 576 cache slots;
+``benchmarks/attention_decode.py``), against 0.5 / 31 us of cache bytes. SDPA's fused kernels were slower at batch
+1-8 (19.7 us): they run one program per (batch, kv head), 8 programs at batch 1, each walking all keys.
+
+One program per (batch row, kv head, key split): the split's keys in ``BLOCK_T`` tiles, online softmax in fp32
+(running max, sum, and the [R, D] sum of p @ v), so the cache is read once and nothing [R, T]-sized is written.
+With more than one split, each program writes its fp32 partial (acc, max, sum), takes a ticket on its (batch row,
+kv head) counter (``_small_m_kernels._last_arrival``), and the program that arrives last merges the splits in split
+order: the result does not depend on scheduling. A ``BLOCK_T`` tile that no row of the program may see (past
+every row's position) is skipped without loading its keys and values.
+
+Numerics: scores are fp32 dot products of the bf16 / fp16 q and k (exact products, fp32 sums), times ``scale`` in
+fp32; softmax in fp32; ``p`` is rounded to the value dtype for the p @ v MMA (fp32 sums), the division by the sum
+and the final rounding happen once, at the end. The math form rounds the scores to bf16 (its score GEMM's output)
+and the normalised probabilities to bf16; this kernel rounds neither the scores nor the sum, so it is closer to the
+fp32 reference than the graph it replaces, not equal to it (the rewrite is off in deterministic mode). A row that
+sees no key gives NaN, as softmax over nothing does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import arch
+from ._fp8 import round_to, to_fp32
+from ._small_m_kernels import _last_arrival, tile_counters
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_t: int = 64  # keys per loop step
+    num_warps: int = 4
+    num_stages: int = 2
+    programs: int = 2  # split the keys until there are about this many programs per SM (never below BLOCK_T each)
+
+
+DEFAULT = AttentionConfig()
+MAX_SPLITS = 64
+MAX_ROWS = 64  # query rows per kv head the kernel holds in registers (acc is [rows, D] fp32)
+MAX_HEAD_DIM = 256
+
+
+@triton.jit
+def _mma_operand(x, EMULATE_CAST: tl.constexpr):
+    """``x`` as the MMA takes it: as loaded on a GPU; widened to fp32 in the interpreter, whose bf16 is not
+    numpy's (the products of bf16 values are exact in fp32 either way)."""
+    if EMULATE_CAST:
+        return to_fp32(x, EMULATE_CAST)
+    return x
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr, k_ptr, v_ptr, keep_ptr, o_ptr, part_ptr, ml_ptr, cnt_ptr,
+    HKV, R, T, keys_per_split, scale,
+    sqb, sqh, sqr, sqd, skb, skh, skt, skd, svb, svh, svt, svd, smb, smh, smr, smt, sob, soh, sor, sod,
+    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    SPLIT: tl.constexpr,  # more than one program per (batch row, kv head): partials, merged by the last
+    EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
+):  # fmt: skip
+    pair = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pair // HKV
+    h = pair % HKV
+    rows = tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < R
+    col_ok = cols < D
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqr + cols[None, :] * sqd,
+                mask=row_ok[:, None] & col_ok[None, :], other=0.0)  # fmt: skip
+    q = _mma_operand(q, EMULATE_CAST)
+    k_base = k_ptr + b * skb + h * skh
+    v_base = v_ptr + b * svb + h * svh
+    keep_base = keep_ptr + b * smb + h * smh + rows[:, None] * smr
+    lo = split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, T)
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)
+        t_ok = t < hi
+        keep = tl.load(keep_base + t[None, :] * smt, mask=row_ok[:, None] & t_ok[None, :], other=0) != 0
+        if tl.max(keep.to(tl.int32)) > 0:  # a tile no row sees (past every position) is never loaded
+            k = tl.load(k_base + t[None, :] * skt + cols[:, None] * skd, mask=col_ok[:, None] & t_ok[None, :],
+                        other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
+            s = tl.where(keep, tl.dot(q, _mma_operand(k, EMULATE_CAST)) * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every exp below is 0
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + t[:, None] * svt + cols[None, :] * svd, mask=t_ok[:, None] & col_ok[None, :],
+                        other=0.0)  # fmt: skip
+            p_mma = _mma_operand(round_to(p, v.dtype, EMULATE_CAST), EMULATE_CAST)
+            acc = acc * alpha[:, None] + tl.dot(p_mma, _mma_operand(v, EMULATE_CAST))
+            m_i = m_new
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    o_ptrs = o_ptr + b * sob + h * soh + rows[:, None] * sor + cols[None, :] * sod
+    if not SPLIT:
+        tl.store(o_ptrs, round_to(acc / l_i[:, None], o_ptr.dtype.element_ty, EMULATE_CAST), mask=out_mask)  # l 0: NaN, as softmax
+    else:
+        splits = tl.num_programs(1)
+        part = part_ptr + (pair * splits) * BLOCK_R * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
+        ml = ml_ptr + (pair * splits) * 2 * BLOCK_R + rows
+        tl.store(part + split * BLOCK_R * BLOCK_D, acc)
+        tl.store(ml + split * 2 * BLOCK_R, m_i)
+        tl.store(ml + split * 2 * BLOCK_R + BLOCK_R, l_i)
+        if _last_arrival(cnt_ptr, pair, splits):
+            m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
+            for i in range(splits):
+                m_all = tl.maximum(m_all, tl.load(ml + i * 2 * BLOCK_R, cache_modifier=".cg"))
+            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+            l_all = tl.zeros([BLOCK_R], tl.float32)
+            o = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+            for i in range(splits):  # in split order: the merge does not depend on which program came last
+                w = tl.exp(tl.load(ml + i * 2 * BLOCK_R, cache_modifier=".cg") - m_safe)
+                l_all += w * tl.load(ml + i * 2 * BLOCK_R + BLOCK_R, cache_modifier=".cg")
+                o += w[:, None] * tl.load(part + i * BLOCK_R * BLOCK_D, cache_modifier=".cg")
+            tl.store(o_ptrs, round_to(o / l_all[:, None], o_ptr.dtype.element_ty, EMULATE_CAST), mask=out_mask)
+            tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few splits, so CI runs the merge
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan(pairs: int, t: int, sms: int, cfg: AttentionConfig = DEFAULT) -> tuple[int, int]:
+    """(splits, keys per split): enough programs for ``cfg.programs`` per SM, each at least one ``BLOCK_T`` tile
+    of keys, at most ``MAX_SPLITS``."""
+    tiles = triton.cdiv(max(t, 1), cfg.block_t)
+    want = triton.cdiv(cfg.programs * sms, max(pairs, 1))
+    splits = max(1, min(want, tiles, MAX_SPLITS))
+    per = triton.cdiv(tiles, splits) * cfg.block_t
+    return triton.cdiv(max(t, 1), per), per
+
+
+def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConfig | None = None) -> torch.Tensor:
+    """``reference.decode_attention`` in one launch; inputs validated by the op (``ops.py``). ``keep`` may
+    broadcast over the batch, the kv heads and the rows (size-1 dims read with stride 0)."""
+    cfg = cfg or DEFAULT
+    b, hkv, r, d = q.shape
+    t = k_cache.shape[2]
+    out = torch.empty((b, hkv, r, d), dtype=q.dtype, device=q.device)
+    pairs = b * hkv
+    if out.numel() == 0:
+        return out
+    keep = keep.expand(b, hkv, r, t)  # a view: broadcast dims get stride 0
+    if keep.dtype == torch.bool:
+        keep = keep.view(torch.uint8)  # same bytes; Triton loads bool pointers as int1 from bytes all the same
+    block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
+    block_d = max(16, triton.next_power_of_2(d))
+    splits, per = plan(pairs, t, _sm_count(q.device), cfg)
+    counters = tile_counters(q.device, pairs) if splits > 1 else None
+    if counters is None:  # one split (or no counters to merge with: mid-capture first call) reads all keys itself
+        splits, per = 1, max(t, 1)
+    part = ml = out
+    if splits > 1:
+        part = torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=q.device)
+        ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(pairs, splits)](
+        q, k_cache, v_cache, keep, out, part, ml, out if counters is None else counters,
+        hkv, r, t, per, float(scale),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *keep.stride(), *out.stride(),
+        D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLIT=splits > 1,
+        EMULATE_CAST=arch.triton_interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,101 @@
+"""``decode_attention``: the Triton split-KV kernel (CPU interpreter) against ``reference.decode_attention``, the
+split merge, masks that broadcast or hide whole tiles, rows that see nothing (NaN, as softmax), and the op's
+input checks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported: triton.jit reads it when a kernel is defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import tolerances
+from attention_cases import inputs, rel_l2
+from elementwise_checks import KERNEL_TEST_MARKS
+
+import fp8_fusion_pass.kernels.ops  # noqa: F401
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import decode_attention as kernel
+
+pytestmark = KERNEL_TEST_MARKS
+OP = torch.ops.fp8_fusion.decode_attention
+ONE_SPLIT = kernel.AttentionConfig(programs=0)
+
+
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT, kernel.AttentionConfig(block_t=32)], ids=str)
+@pytest.mark.parametrize("b, hkv, r, t, d, positions", [
+    (1, 2, 4, 200, 64, [150]),  # 4 programs per kv head: the merge
+    (2, 2, 3, 130, 128, [5, 129]),  # rows not a power of two; one row sees 6 keys, the other all
+    (3, 1, 16, 96, 32, [0, 40, 95]),  # 16 rows: a full MMA tile
+    (1, 1, 2, 40, 16, [39]),  # fewer keys than a tile
+])  # fmt: skip
+def test_matches_reference(cfg, b, hkv, r, t, d, positions):
+    q, k, v, keep, scale = inputs(b, hkv, r, t, d, positions)
+    got = kernel.decode_attention(q, k, v, keep, scale, cfg)
+    want = ref.decode_attention(q, k, v, keep, scale)
+    assert got.shape == want.shape and got.dtype == q.dtype and got.is_contiguous()
+    assert rel_l2(got, want) <= tolerances.ATTENTION_REL_L2
+
+
+def test_split_plan_covers_every_key():
+    for pairs, t in [(1, 576), (8, 576), (64, 576), (512, 576), (8, 33), (2, 64 * 70)]:
+        splits, per = kernel.plan(pairs, t, 132)
+        assert splits * per >= t > (splits - 1) * per and per % kernel.DEFAULT.block_t == 0
+        assert 1 <= splits <= kernel.MAX_SPLITS
+
+
+def test_more_accurate_than_the_math_form():
+    """The kernel rounds fewer intermediates than the graph it replaces (score GEMM output, probabilities)."""
+    q, k, v, keep, scale = inputs(2, 2, 4, 256, 128, [200, 255])
+    want = ref.decode_attention(q, k, v, keep, scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    math = torch.matmul(scores.masked_fill(~keep, float("-inf")).softmax(-1).to(q.dtype), v)
+    assert rel_l2(kernel.decode_attention(q, k, v, keep, scale), want) < rel_l2(math, want)
+
+
+def test_mask_per_row_and_head():
+    """A full [B, Hkv, R, T] mask (no broadcast): each row its own visible keys, e.g. several query tokens."""
+    q, k, v, _, scale = inputs(2, 2, 4, 100, 32, [0, 0])
+    keep = torch.rand(2, 2, 4, 100, generator=torch.Generator().manual_seed(1)) < 0.3
+    keep[..., 0] = True
+    got = kernel.decode_attention(q, k, v, keep, scale)
+    assert rel_l2(got, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
+
+
+def test_row_that_sees_nothing_is_nan_as_softmax():
+    q, k, v, keep, scale = inputs(2, 1, 2, 150, 32, [-1, 10])
+    for cfg in (kernel.DEFAULT, ONE_SPLIT):
+        got = kernel.decode_attention(q, k, v, keep, scale, cfg)
+        assert torch.isnan(got[0]).all() and not torch.isnan(got[1]).any()
+
+
+def test_counters_are_zero_after_a_merge():
+    q, k, v, keep, scale = inputs(1, 2, 4, 300, 32, [299])
+    kernel.decode_attention(q, k, v, keep, scale)
+    counters = kernel.tile_counters(q.device, 2)
+    assert counters is not None and int(counters[:2].abs().sum()) == 0
+
+
+def test_op_runs_the_triton_kernel_and_checks_inputs():
+    from fp8_fusion_pass.kernels import backends
+
+    q, k, v, keep, scale = inputs(1, 2, 4, 64, 32, [63])
+    with backends.use_backend("triton"):
+        got = OP(q, k, v, keep, scale)
+    assert rel_l2(got, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
+    with pytest.raises(TypeError, match="bf16 or fp16"):
+        OP(q.float(), k.float(), v.float(), keep, scale)
+    with pytest.raises(TypeError, match="bool mask"):
+        OP(q, k, v, keep.float(), scale)
+    with pytest.raises(ValueError, match="k_cache and v_cache must both be"):
+        OP(q, k[:, :1], v[:, :1], keep, scale)
+    with pytest.raises(ValueError, match="keep must broadcast"):
+        OP(q, k, v, keep[..., :10], scale)
+    with pytest.raises(ValueError, match="at most 64 query rows"):
+        big = torch.zeros(1, 2, 65, 32, dtype=q.dtype)
+        OP(big, k, v, keep, scale)
+    with pytest.raises(ValueError, match="4-D"):
+        OP(q[0], k, v, keep, scale)
