@@ -181,6 +181,8 @@ class _Run:
                                 ("gemm_silu_quant", functools.partial(self._whole_graph_rewrite, "gemm_silu_quant")),
                                 ("quant_gemm", functools.partial(self._whole_graph_rewrite, "quant_gemm")),
                                 ("gqa_attention", functools.partial(self._whole_graph_rewrite, "gqa_attention")),
+                                ("decode_attention",
+                                 functools.partial(self._whole_graph_rewrite, "decode_attention")),
                                 ("zero_fill", self._zero_fill)):
                 try:
                     stage()
@@ -233,9 +235,9 @@ class _Run:
         return guards.can_run_fusion(f.switch, f.bit_exact, self.config, self.env_disabled, self.deterministic).ok
 
     def _whole_graph_rewrite(self, name: str) -> None:
-        """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope,
-        qk_rope, rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention. Each rewrites one
-        site whole or not at all, so a failure leaves a valid graph."""
+        """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope, qk_rope,
+        rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention, decode_attention. Each
+        rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not self._may_run(name):
             return

@@ -48,11 +48,15 @@ REASONS = {
     "kv_cache_mismatch": "rope_cache: k, v and the two caches differ in shape or dtype",
     "query_len_not_one": "gqa_attention: more than one query token per head (prefill); the KV copy stays",
     "kv_heads_dynamic": "gqa_attention: the head counts, head dim or cache length are symbolic (dynamic=True); only "
-                        "the batch may be",
+                        "the batch may be; decode_attention: the kv heads, query rows or head dim are",
     "kv_copy_shared": "gqa_attention: key and value are not both a repeat_kv copy made for this attention alone, "
                       "with the query's heads per kv head",
     "attention_not_plain": "gqa_attention: causal, dropout, a mask not per batch row / head / key, or another "
-                           "output of the attention read",
+                           "output of the attention read; decode_attention: the softmax's input is not fp32 scaled "
+                           "scores with -inf where a bool mask says (an additive mask), the keys / values not "
+                           "[B, Hkv, T, D] tensors, or a step also read elsewhere",
+    "attention_rows_above_decode": "decode_attention: more than 16 query rows per kv head (heads per kv head x "
+                                   "tokens: a prefill); the GEMMs and softmax stay",
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",

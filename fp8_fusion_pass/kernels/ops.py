@@ -400,7 +400,7 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, keep: Tensor, 
 @decode_attention.register_fake
 def _(q, k_cache, v_cache, keep, scale):
     _check_decode_attention("decode_attention", q, k_cache, v_cache, keep, scale)
-    return q.new_empty(q.shape, memory_format=torch.contiguous_format)
+    return q.new_empty(q.shape)  # contiguous, whatever q's strides
 
 
 # ---------------------------------------------------------------- mutating (the zero-fill case)

@@ -45,6 +45,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", False),
     # repeat_kv copies of the KV cache -> SDPA, one query token  ->  SDPA on the cache, query heads as rows
     Fusion("gqa_attention", "gqa_attention", "gqa_attention", None, False),
+    # bmm(softmax(where(~keep, -inf, scale * bmm(q, k^T).float())).to(bf16), v), few rows  ->  decode_attention
+    Fusion("decode_attention", "decode_attention", "decode_attention", "decode_attention", False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

@@ -1,0 +1,238 @@
+"""Decode attention written as plain torch (score GEMM, masked fp32 softmax, value GEMM) => one fused launch.
+
+    before (the engine form's ``math`` attention; any model that spells attention this way at decode)
+    s = bmm(q [B*Hkv, R, D], k_cache^T [B*Hkv, D, T]).view(B, Hkv, R, T).float() * scale
+    p = softmax(where(~keep, -inf, s), -1).to(q.dtype)            (post-grad: amax, sub, exp, sum, div)
+    o = bmm(p.view(B*Hkv, R, T), v_cache [B*Hkv, T, D])
+
+    after
+    o = fp8_fusion.decode_attention(q.view(B, Hkv, R, D), k_cache, v_cache, keep, scale).view(B*Hkv, R, D)
+
+R is the query rows of a kv head (its G query heads x the step's tokens). Why: those are three or four launches
+and the [B, Hkv, R, T] scores written and read twice; the fused op (``kernels/triton/decode_attention.py``) reads
+the cache once, split over the keys so that batch 1 fills the GPU, in one launch. The op's numerics are closer to
+the fp32 reference than the graph it replaces (it rounds neither the scores nor the probabilities' sum to bf16),
+but not equal to it, so deterministic mode keeps the rewrite off.
+
+A candidate is a bmm whose first operand is a softmax (amax, sub, exp, sum, div over the last dim) rounded to a
+half dtype. Guards, each with its reason: the softmax's input is fp32 ``scale * scores`` (or the scores alone)
+where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
+values a [B, Hkv, T, D] tensor, nothing else reading any step and a 4-D mask (``attention_not_plain``; an additive
+mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static rows,
+head dim and kv heads (``kv_heads_dynamic``); at most ``MAX_ROWS`` rows per kv head (``attention_rows_above_decode``:
+at prefill the rows are many and the GEMMs are compute-bound, which the decode kernel is not built for); a kernel
+for the device (``no_fused_kernel``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .. import guards
+from ..kernels import ops as _ops
+from . import _graph
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+NAME = "decode_attention"
+FUSED = torch.ops.fp8_fusion.decode_attention.default
+MAX_ROWS = 16  # query rows per kv head the rewrite takes (one MMA tile): decode, G heads x a few tokens
+CONVERT = prims.convert_element_type.default
+HALF = (torch.bfloat16, torch.float16)
+
+
+class _NotPlain(Exception):
+    """The subgraph is a candidate but not the plain form the op computes; the message says which step."""
+
+
+def _op(node, *targets) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def _through_views(node: Node, chain: list[Node]) -> Node:
+    """Walk back through reshapes and expands that keep the shape (what ``matmul`` adds around a bmm)."""
+    while _op(node, *_graph.RESHAPES) or (
+            _op(node, aten.expand.default) and _graph.same_shape(node, node.args[0])):  # fmt: skip
+        chain.append(node)
+        node = node.args[0]
+    return node
+
+
+def _last_dim(node: Node) -> bool:
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    rank = _graph.val(node.args[0]).dim()
+    return keep and list(dims or []) in ([-1], [rank - 1])
+
+
+def softmax_input(probs: Node) -> tuple[Node, list[Node]] | None:
+    """(x, [div, sum, exp, sub, amax]) when ``probs`` is post-grad's softmax of x over the last dim, else None."""
+    if not _op(probs, aten.div.Tensor):
+        return None
+    e, total = probs.args
+    if not (_op(e, aten.exp.default) and _op(total, aten.sum.dim_IntList) and total.args[0] is e and _last_dim(total)):
+        return None
+    sub = e.args[0]
+    if not (_op(sub, aten.sub.Tensor) and _op(sub.args[1], aten.amax.default)):
+        return None
+    x, amax = sub.args[0], sub.args[1]
+    if amax.args[0] is not x or not _last_dim(amax):
+        return None
+    return x, [probs, total, e, sub, amax]
+
+
+def _is_neg_inf(node) -> bool:
+    if isinstance(node, float):
+        return node == -math.inf
+    return _op(node, aten.full.default) and list(node.args[0]) == [] and node.args[1] == -math.inf
+
+
+def _masked(x: Node, chain: list[Node]) -> tuple[Node, Node, bool]:
+    """(scores, mask node, True when the mask marks what is hidden) of ``where(mask, -inf, s)`` /
+    ``where(mask, s, -inf)``."""
+    if not _op(x, aten.where.self):
+        raise _NotPlain("the softmax input is not scores with -inf where a boolean mask says (an additive mask?)")
+    cond, a, b = x.args
+    chain.append(x)
+    if _is_neg_inf(a):
+        return b, cond, True
+    if _is_neg_inf(b):
+        return a, cond, False
+    raise _NotPlain("the softmax input's where() fills neither side with -inf")
+
+
+def _scaled(s: Node, chain: list[Node]) -> tuple[Node, float]:
+    """(bmm, scale) of ``bmm(...).view(...).float() * scale`` (the scale may be absent: 1.0)."""
+    scale = 1.0
+    if _op(s, aten.mul.Tensor) and isinstance(s.args[1], (int, float)) and not isinstance(s.args[1], bool):
+        chain.append(s)
+        s, scale = s.args[0], float(s.args[1])
+    if not (_op(s, CONVERT) and s.args[1] == torch.float32):
+        raise _NotPlain("the scores are not the score GEMM's output widened to fp32 (times a number)")
+    chain.append(s)
+    bmm = _through_views(s.args[0], chain)
+    if not _op(bmm, aten.bmm.default):
+        raise _NotPlain("the scores are not one bmm's output")
+    chain.append(bmm)
+    return bmm, scale
+
+
+def _cache(node: Node, transposed: bool, chain: list[Node]) -> Node:
+    """The [B, Hkv, T, D] tensor a bmm operand views (``transposed``: through ``permute(0, 1, 3, 2)``)."""
+    src = _through_views(node, chain)
+    if transposed:
+        if not (_op(src, aten.permute.default) and list(src.args[1]) == [0, 1, 3, 2]):
+            raise _NotPlain("the keys are not a [B, Hkv, T, D] tensor transposed")
+        chain.append(src)
+        src = src.args[0]
+    if _graph.val(src) is None or _graph.val(src).dim() != 4:
+        raise _NotPlain("the keys / values are not a 4-D [B, Hkv, T, D] cache")
+    return src
+
+
+class Match:
+    """Everything the rewrite needs, found walking back from the value bmm."""
+
+    def __init__(self, pv: Node):
+        self.pv, self.nodes = pv, [pv]
+        probs = _through_views(pv.args[0], self.nodes)
+        if not (_op(probs, CONVERT) and probs.args[1] in HALF):
+            raise LookupError
+        found = softmax_input(probs.args[0])
+        if found is None:
+            raise LookupError  # not a softmax: no candidate
+        self.nodes.append(probs)
+        x, steps = found
+        self.nodes += steps
+        scores, self.mask, self.hides = _masked(x, self.nodes)
+        self.qk, self.scale = _scaled(scores, self.nodes)
+        self.q3 = self.qk.args[0]
+        self.k_cache = _cache(self.qk.args[1], True, self.nodes)
+        self.v_cache = _cache(pv.args[1], False, self.nodes)
+        self.out_dtype = probs.args[1]
+
+    def check(self) -> guards.Verdict:
+        q3, s4 = _graph.val(self.q3), _graph.val(self.nodes[self.nodes.index(self.qk) - 1])
+        kc, vc, mask = _graph.val(self.k_cache), _graph.val(self.v_cache), _graph.val(self.mask)
+        dtypes = {q3.dtype, kc.dtype, vc.dtype, self.out_dtype}
+        if len(dtypes) != 1 or q3.dtype not in HALF:
+            return guards.reject("dtype_not_bf16", f"q / k / v / probabilities {sorted(map(str, dtypes))}: the fused "
+                                 "attention takes one half dtype, bf16 or fp16")
+        if s4.dim() != 4:
+            return guards.reject("attention_not_plain", f"scores {_graph.shape_str(s=s4)} are not [B, Hkv, R, T]")
+        b, hkv, r, t = s4.shape
+        d = q3.shape[-1]
+        if not all(isinstance(n, int) for n in (hkv, r, d)):
+            return guards.reject("kv_heads_dynamic", f"kv heads {hkv}, rows {r}, head dim {d}: only the batch and the "
+                                 "cache length may be symbolic")
+        if r > MAX_ROWS:
+            return guards.reject("attention_rows_above_decode", f"{r} query rows per kv head, above {MAX_ROWS}: a "
+                                 "prefill (its GEMMs are compute-bound; the decode kernel is not built for them)")
+        if d > _ops.ATTENTION_MAX_HEAD_DIM:
+            return guards.reject("attention_not_plain", f"head dim {d} above {_ops.ATTENTION_MAX_HEAD_DIM}")
+        if not (_graph.shape_is(kc, (b, hkv, t, d)) and _graph.shape_is(vc, (b, hkv, t, d))):
+            return guards.reject("attention_not_plain", f"keys {list(kc.shape)} / values {list(vc.shape)} are not "
+                                 f"[B, Hkv, T, D] over the scores' [B, Hkv, R, T] = {list(s4.shape)}")
+        if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4
+                and all(statically_known_true(m == 1) or statically_known_true(m == n)
+                        for m, n in zip(mask.shape, s4.shape))):  # fmt: skip
+            shape = list(mask.shape) if isinstance(mask, torch.Tensor) else mask
+            return guards.reject("attention_not_plain", f"mask {shape} is not a 4-D bool mask over [B, Hkv, R, T]")
+        on_device = guards.can_run_kernel("decode_attention", q3.device)
+        if not on_device.ok:
+            return on_device
+        readers = [n for n in self.nodes[1:] if n not in (self.k_cache, self.v_cache)]
+        for n in readers:
+            extra = [u for u in n.users if u not in self.nodes]
+            if extra:
+                return guards.reject("attention_not_plain", f"{n.name} is also read by {extra[0].name}")
+        return guards.OK
+
+
+def rewrite(graph: Graph, m: Match) -> str:
+    kc = _graph.val(m.k_cache)
+    _, hkv, t, d = kc.shape
+    r = _graph.val(m.q3).shape[1]
+    with _graph.Edit(graph, before=m.pv) as e:
+        q4 = e.call(aten.reshape.default, m.q3, [-1, hkv, r, d])
+        if m.hides and _op(m.mask, aten.bitwise_not.default):
+            keep = m.mask.args[0]
+        else:
+            keep = e.call(aten.bitwise_not.default, m.mask) if m.hides else m.mask
+        o = e.call(FUSED, q4, m.k_cache, m.v_cache, keep, m.scale)
+        out = e.call(aten.reshape.default, o, [-1, r, d])
+    m.pv.replace_all_uses_with(out)
+    _graph.erase_dead(graph, [n for n in m.nodes if n not in (m.k_cache, m.v_cache)] + [m.mask])
+    return f"{r} query rows per kv head over a {t}-slot cache, scale {m.scale:.6g}: one launch"
+
+
+def run(graph: Graph, report) -> None:
+    for pv in [n for n in graph.nodes if _op(n, aten.bmm.default)]:
+        if pv._erased:  # the score GEMM of a site rewritten before it
+            continue
+        try:
+            m = Match(pv)
+        except LookupError:
+            continue  # not a softmax times values: not a candidate
+        except _NotPlain as e:
+            report.reject(NAME, pv.name, "attention_not_plain", f"{e}: the GEMMs and softmax stay", "", "")
+            continue
+        except (AttributeError, IndexError, TypeError):
+            continue  # an operand without a fake value: not a shape we can judge
+        q3, kc = _graph.val(m.q3), _graph.val(m.k_cache)
+        shapes, dtype = _graph.shape_str(q=q3, k=kc), _graph.dtype_str(m.q3)
+        verdict = m.check()
+        if not verdict.ok:
+            report.reject(NAME, pv.name, verdict.reason, f"{verdict.detail}: the GEMMs and softmax stay", shapes, dtype)
+            continue
+        try:  # a site that fails to rewrite leaves the graph as it was (Edit); the other sites go on
+            detail = rewrite(graph, m)
+        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
+            report.error(NAME, pv.name, f"replacement raised {type(e).__name__}: {e}")
+            continue
+        report.apply(NAME, pv.name, shapes, dtype, detail)
+
