@@ -37,8 +37,8 @@ from decode import capture, log, time_replays  # noqa: E402
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
-SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (32, 64, 128) for w in (4, 8) for st in (1, 2)
-         for p in (1, 2, 4)]  # fmt: skip
+SWEEP = [kernel.AttentionConfig(bt, w, st, p, skip) for bt in (32, 64, 128) for w in (4, 8) for st in (1, 2)
+         for p in (1, 2, 4) for skip in (True, False)]  # fmt: skip
 
 
 def fused(q, k_cache, v_cache, positions, scale):
@@ -56,10 +56,10 @@ def compiled(impl: str, scale: float):
     if impl == "fused":
         return torch.compile(lambda q, kc, vc, pos: fused(q, kc, vc, pos, scale))
     if impl == "math+pass":
-        from fp8_fusion_pass import backend as fp8_backend
+        from fp8_fusion_pass import backend
 
         return torch.compile(lambda q, kc, vc, pos: decode_attention(q, kc, vc, pos, scale, "math"),
-                             backend=fp8_backend.backend())
+                             backend=backend())
     return torch.compile(lambda q, kc, vc, pos, impl=impl: decode_attention(q, kc, vc, pos, scale, impl))
 
 

@@ -29,8 +29,8 @@ def test_matches_reference_at_model_shapes(dtype, b, hkv, r, t):
     assert rel_l2(got, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
 
 
-@pytest.mark.parametrize("cfg", [kernel.AttentionConfig(bt, w, st, p) for bt in (32, 64, 128) for w in (4, 8)
-                                 for st in (1, 2) for p in (1, 2, 4)], ids=str)
+@pytest.mark.parametrize("cfg", [kernel.AttentionConfig(bt, w, st, p, skip) for bt in (32, 64, 128) for w in (4, 8)
+                                 for st in (1, 2) for p in (1, 2, 4) for skip in (True, False)], ids=str)
 def test_every_swept_config(cfg):
     q, k, v, keep, scale = inputs(2, 8, 4, 576, 128, [511, 300], "cuda")
     got = kernel.decode_attention(q, k, v, keep, scale, cfg)
