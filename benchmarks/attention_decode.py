@@ -37,8 +37,8 @@ from decode import capture, log, time_replays  # noqa: E402
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
-SWEEP = [kernel.AttentionConfig(bt, w, st, p, skip) for bt in (32, 64, 128) for w in (4, 8) for st in (1, 2)
-         for p in (1, 2, 4) for skip in (True, False)]  # fmt: skip
+SWEEP = [kernel.AttentionConfig(bt, w, st, p, trim) for bt in (32, 64, 128) for w in (4, 8) for st in (2, 3)
+         for p in (0, 1, 2) for trim in (True, False)]  # fmt: skip (programs 0: one split per kv head)
 
 
 def fused(q, k_cache, v_cache, positions, scale):

@@ -14,8 +14,8 @@ the cache once, split over the keys so that batch 1 fills the GPU, in one launch
 the fp32 reference than the graph it replaces (it rounds neither the scores nor the probabilities' sum to bf16),
 but not equal to it, so deterministic mode keeps the rewrite off.
 
-A candidate is a bmm whose first operand is a softmax (amax, sub, exp, sum, div over the last dim) rounded to a
-half dtype. Guards, each with its reason: the softmax's input is fp32 ``scale * scores`` (or the scores alone)
+A candidate is a bmm whose first operand is a softmax over the last dim (amax, sub, exp, sum, div; on CUDA Inductor
+has already turned the max and the sum into one ``prepare_softmax_online``) rounded to a half dtype. Guards, each with its reason: the softmax's input is fp32 ``scale * scores`` (or the scores alone)
 where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
 values a [B, Hkv, T, D] tensor, nothing else reading any step and a 4-D mask (``attention_not_plain``; an additive
 mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static rows,
@@ -27,6 +27,7 @@ for the device (``no_fused_kernel``).
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 from torch.fx import Graph, Node
@@ -69,20 +70,43 @@ def _last_dim(node: Node) -> bool:
     return keep and list(dims or []) in ([-1], [rank - 1])
 
 
+def _online_softmax_op():
+    try:
+        import torch._inductor.inductor_prims  # noqa: F401  (registers prims.prepare_softmax_online)
+
+        return prims.prepare_softmax_online.default
+    except (ImportError, AttributeError):  # a torch without Inductor's online softmax: only the plain spelling
+        return None
+
+
+ONLINE_SOFTMAX = _online_softmax_op()
+
+
 def softmax_input(probs: Node) -> tuple[Node, list[Node]] | None:
-    """(x, [div, sum, exp, sub, amax]) when ``probs`` is post-grad's softmax of x over the last dim, else None."""
+    """(x, the softmax's nodes) when ``probs`` is post-grad's softmax of x over the last dim, else None. Two
+    spellings: ``exp(x - amax(x)) / sum(exp(...))`` (the decomposition; Inductor keeps it on the CPU) and, on
+    CUDA with ``config.online_softmax`` (the default), ``prepare_softmax_online(x)`` giving the max and the sum
+    (Inductor's post-grad ``prepare_softmax`` replacement)."""
     if not _op(probs, aten.div.Tensor):
         return None
     e, total = probs.args
-    if not (_op(e, aten.exp.default) and _op(total, aten.sum.dim_IntList) and total.args[0] is e and _last_dim(total)):
+    if not (_op(e, aten.exp.default) and _op(e.args[0], aten.sub.Tensor)):
         return None
     sub = e.args[0]
-    if not (_op(sub, aten.sub.Tensor) and _op(sub.args[1], aten.amax.default)):
+    x, top = sub.args
+    if _op(total, aten.sum.dim_IntList) and total.args[0] is e and _last_dim(total):
+        if _op(top, aten.amax.default) and top.args[0] is x and _last_dim(top):
+            return x, [probs, total, e, sub, top]
         return None
-    x, amax = sub.args[0], sub.args[1]
-    if amax.args[0] is not x or not _last_dim(amax):
+    if ONLINE_SOFTMAX is None or not (_op(top, operator.getitem) and _op(total, operator.getitem)):
         return None
-    return x, [probs, total, e, sub, amax]
+    prep = top.args[0]
+    if not (_op(prep, ONLINE_SOFTMAX) and total.args[0] is prep and (top.args[1], total.args[1]) == (0, 1)):
+        return None
+    rank = _graph.val(x).dim()
+    if prep.args[0] is not x or prep.args[1] not in (-1, rank - 1):
+        return None
+    return x, [probs, total, e, sub, top, prep]
 
 
 def _is_neg_inf(node) -> bool:

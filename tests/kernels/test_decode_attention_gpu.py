@@ -4,6 +4,9 @@ benchmark sweeps. ``python -m pytest tests/kernels/test_decode_attention_gpu.py 
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import tolerances
 import torch
@@ -13,6 +16,9 @@ import fp8_fusion_pass.kernels.ops  # noqa: F401
 from fp8_fusion_pass.kernels import backends
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import attention_decode  # noqa: E402  (its SWEEP: every config the benchmark may time is checked here)
 
 pytestmark = pytest.mark.gpu
 OP = torch.ops.fp8_fusion.decode_attention
@@ -29,8 +35,7 @@ def test_matches_reference_at_model_shapes(dtype, b, hkv, r, t):
     assert rel_l2(got, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
 
 
-@pytest.mark.parametrize("cfg", [kernel.AttentionConfig(bt, w, st, p, skip) for bt in (32, 64, 128) for w in (4, 8)
-                                 for st in (1, 2) for p in (1, 2, 4) for skip in (True, False)], ids=str)
+@pytest.mark.parametrize("cfg", attention_decode.SWEEP, ids=str)
 def test_every_swept_config(cfg):
     q, k, v, keep, scale = inputs(2, 8, 4, 576, 128, [511, 300], "cuda")
     got = kernel.decode_attention(q, k, v, keep, scale, cfg)

@@ -14,8 +14,8 @@ One program per (batch row, kv head, key split): the split's keys in ``BLOCK_T``
 (running max, sum, and the [R, D] sum of p @ v), so the cache is read once and nothing [R, T]-sized is written.
 With more than one split, each program writes its fp32 partial (acc, max, sum), takes a ticket on its (batch row,
 kv head) counter (``_small_m_kernels._last_arrival``), and the program that arrives last merges the splits in split
-order: the result does not depend on scheduling. Keys that no row of the program may see (the slots past every
-row's position) are not read: their loads are masked off (``skip_hidden``).
+order: the result does not depend on scheduling. With ``trim`` a first pass over the program's mask finds the last
+key any row may see, and the keys after it (the cache slots past every position) are not read.
 
 Numerics: scores are fp32 dot products of the bf16 / fp16 q and k (exact products, fp32 sums), times ``scale`` in
 fp32; softmax in fp32; ``p`` is rounded to the value dtype for the p @ v MMA (fp32 sums), the division by the sum
@@ -44,7 +44,7 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 2
     programs: int = 2  # split the keys until there are about this many programs per SM (never below BLOCK_T each)
-    skip_hidden: bool = True  # mask off the loads of keys no row sees (the cache slots past every position)
+    trim: bool = True  # a first pass over the mask ends the key loop after the last key any row sees
 
 
 DEFAULT = AttentionConfig()
@@ -70,7 +70,7 @@ def _decode_attention_kernel(
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (batch row, kv head); above 1 they write partials, the last merges them
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
-    SKIP_HIDDEN: tl.constexpr,  # keys no row sees are not read (their loads masked off)
+    TRIM: tl.constexpr,  # a pass over the mask first: the keys after the last one any row sees are not read
     EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
 ):  # fmt: skip
     pair = tl.program_id(0)
@@ -92,12 +92,17 @@ def _decode_attention_kernel(
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    if TRIM:  # the mask is R bytes per key, the cache 4 * D: reading it twice costs little, reading hidden keys much
+        last = lo - 1
+        for start in range(lo, hi, BLOCK_T):
+            t = start + tl.arange(0, BLOCK_T)
+            keep = tl.load(keep_base + t[None, :] * smt, mask=row_ok[:, None] & (t < hi)[None, :], other=0) != 0
+            last = tl.maximum(last, tl.max(tl.where(tl.max(keep.to(tl.int32), 0) > 0, t, lo - 1)))
+        hi = last + 1
     for start in range(lo, hi, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         t_ok = t < hi
         keep = tl.load(keep_base + t[None, :] * smt, mask=row_ok[:, None] & t_ok[None, :], other=0) != 0
-        if SKIP_HIDDEN:
-            t_ok = t_ok & (tl.max(keep.to(tl.int32), 0) > 0)
         # No branch around the loads (it would stop the loop's software pipelining): K and V are issued together.
         k = tl.load(k_base + t[None, :] * skt + cols[:, None] * skd, mask=col_ok[:, None] & t_ok[None, :],
                     other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
@@ -184,7 +189,7 @@ def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConf
         hkv, r, t, per, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *keep.stride(), *out.stride(),
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), SKIP_HIDDEN=cfg.skip_hidden,
+        BLOCK_S=triton.next_power_of_2(splits), TRIM=cfg.trim,
         EMULATE_CAST=arch.triton_interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
