@@ -78,13 +78,14 @@ def _is_capture(e: BaseException) -> bool:
 
 
 # What ``run_pass`` runs when a test names no config: the default rewrites minus the whole-graph ones that run
-# after the fusions (norm_rope, qk_rope, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention). Those
-# rewrite exactly what a fusion test checks was left alone or made (a rejected norm, the GEMMs after a fusion, the
-# silu-quant, the quant no producer took, the attention); test_norm_rope.py, test_qk_rope.py, test_inline_norm.py,
-# test_group_gemm.py, test_gemm_silu_quant.py, test_quant_gemm.py and test_gqa_attention.py test them, defaults on. (rope_cache stays on:
-# with no norm_rope / qk_rope op it has nothing to take.)
+# after the fusions (norm_rope, qk_rope, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention,
+# decode_attention). Those rewrite exactly what a fusion test checks was left alone or made (a rejected norm, the
+# GEMMs after a fusion, the silu-quant, the quant no producer took, the attention); test_norm_rope.py,
+# test_qk_rope.py, test_inline_norm.py, test_group_gemm.py, test_gemm_silu_quant.py, test_quant_gemm.py,
+# test_gqa_attention.py and test_decode_attention.py test them, defaults on. (rope_cache stays on: with no
+# norm_rope / qk_rope op it has nothing to take.)
 FUSIONS_ONLY = FusionConfig(norm_rope=False, qk_rope=False, inline_norm=False, group_gemm=False,
-                            gemm_silu_quant=False, quant_gemm=False, gqa_attention=False)
+                            gemm_silu_quant=False, quant_gemm=False, gqa_attention=False, decode_attention=False)
 
 
 def run_pass(gm: torch.fx.GraphModule, config: FusionConfig | None = None, is_inference: bool = True):

@@ -1,0 +1,184 @@
+"""decode_attention: attention spelled as plain torch at decode (score bmm, masked fp32 softmax, value bmm) becomes
+one ``fp8_fusion.decode_attention`` launch.
+
+On the CPU (the op's reference runs there): whole engine decode steps compiled with and without the rewrite, the
+online-softmax spelling Inductor makes on CUDA, and a hand-written attention (``_Attention``) whose variants each
+break one guard, checked against eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import tolerances
+from pattern_helpers import FUSIONS_ONLY, capture, compile_model, logits, rel_l2, run_pass
+from test_rope_cache import LAYERS, _compiled_step, _engine_step
+
+from fp8_fusion_pass import guards
+from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.patterns import decode_attention
+
+aten = torch.ops.aten
+ALONE = dataclasses.replace(FUSIONS_ONLY, decode_attention=True)
+BF16 = torch.bfloat16
+FUSED = torch.ops.fp8_fusion.decode_attention.default
+
+
+def _count(gm, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is target)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
+def test_engine_decode_step_attends_in_one_op(preset):
+    model, step, new_cache = _engine_step(preset)
+    with_it = _compiled_step(model, step, new_cache, FusionConfig())
+    without = _compiled_step(model, step, new_cache, FusionConfig(decode_attention=False))
+    assert with_it[2]["decode_attention"] == LAYERS and "decode_attention" not in without[2], with_it[2]
+    assert "fp8_fusion.decode_attention" in with_it[3] and "fp8_fusion.decode_attention" not in without[3]
+    # fp32 scores and probabilities where the graph rounded both to bf16: not equal, and the fp8 quants after the
+    # attention turn ulps into fp8 steps; so each compile against eager, as the model tests compare (tolerances.py)
+    cache, _ = new_cache()
+    with torch.no_grad():
+        eager = logits(step(model, cache))
+    assert rel_l2(with_it[0], eager) <= tolerances.pass_vs_eager_bound(rel_l2(without[0], eager))
+    # the first layer's cache writes come before any attention: untouched (later layers' k / v follow the outputs)
+    assert torch.equal(with_it[1][0], without[1][0]) and torch.equal(with_it[1][LAYERS], without[1][LAYERS])
+
+
+class _Attention(torch.nn.Module):
+    """The engine's ``math`` decode attention on grouped rows; ``variant`` breaks one guard."""
+
+    def __init__(self, variant=""):
+        super().__init__()
+        self.variant = variant
+
+    def forward(self, q, k_cache, v_cache, positions):  # q [B, Hkv, R, D], caches [B, Hkv, T, D]
+        t = k_cache.shape[2]
+        visible = (torch.arange(t) <= positions.view(-1, 1, 1, 1))  # [B, 1, 1, T]
+        s = torch.matmul(q, k_cache.transpose(-1, -2))
+        if self.variant != "bf16_softmax":
+            s = s.float()
+        s = s * 0.125
+        if self.variant == "additive_mask":  # HF eager attention adds a float mask
+            s = s + torch.where(visible, 0.0, -1e9)
+        elif self.variant == "keep_first":  # where(mask, s, -inf): the mask says what is kept
+            s = torch.where(visible, s, float("-inf"))
+        else:
+            s = s.masked_fill(~visible, float("-inf"))
+        p = s.softmax(-1).to(q.dtype)
+        o = torch.matmul(p, v_cache)
+        return (o, s) if self.variant == "scores_read" else o
+
+
+def _inputs(b=3, hkv=2, r=4, t=40, d=32, dtype=BF16):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, hkv, r, d, generator=g).to(dtype)
+    kc = torch.randn(b, hkv, t, d, generator=g).to(dtype)
+    return q, kc, torch.randn(b, hkv, t, d, generator=g).to(dtype), torch.tensor([5, 39, 17][:b])
+
+
+@pytest.mark.parametrize("variant, dtype", [("", BF16), ("keep_first", BF16), ("", torch.float16)])
+def test_a_hand_written_decode_attention_is_taken(variant, dtype):
+    m, args = _Attention(variant), _inputs(dtype=dtype)
+    (gm,) = capture(m, *args)
+    r, out = run_pass(gm, ALONE)
+    assert r.counts()["decode_attention"] == 1 and not r.errors, r.render()
+    assert _count(out, FUSED) == 1 and _count(out, aten.bmm.default) == 0
+    got, counts = compile_model(m, args, FusionConfig())
+    assert counts["decode_attention"] == 1
+    with torch.no_grad():
+        assert rel_l2(got, m(*args)) < 1e-2
+
+
+def _online_softmax(gm) -> torch.fx.GraphModule:
+    """Inductor's post-grad ``prepare_softmax`` replacement, as it runs on CUDA (config.online_softmax): the max
+    and the sum from one ``prepare_softmax_online``."""
+    g = gm.graph
+    for amax in [n for n in g.nodes if n.target is aten.amax.default]:
+        x = amax.args[0]
+        sub = next(u for u in amax.users if u.target is aten.sub.Tensor)
+        exp = next(iter(sub.users))
+        total = next(u for u in exp.users if u.target is aten.sum.dim_IntList)
+        with g.inserting_before(amax):
+            prep = g.call_function(decode_attention.ONLINE_SOFTMAX, (x, -1))
+            prep.meta["val"] = decode_attention.ONLINE_SOFTMAX(x.meta["val"], -1)
+            top, s = (g.call_function(__import__("operator").getitem, (prep, i)) for i in (0, 1))
+            top.meta["val"], s.meta["val"] = prep.meta["val"]
+        amax.replace_all_uses_with(top)
+        total.replace_all_uses_with(s)
+        g.erase_node(total)
+        g.erase_node(amax)
+    gm.recompile()
+    return gm
+
+
+def test_the_online_softmax_spelling_is_taken():
+    m, args = _Attention(), _inputs()
+    (gm,) = capture(m, *args)
+    gm = _online_softmax(gm)
+    assert _count(gm, decode_attention.ONLINE_SOFTMAX) == 1 and _count(gm, aten.amax.default) == 0
+    r, out = run_pass(gm, ALONE)
+    assert r.counts()["decode_attention"] == 1 and not r.errors, r.render()
+    assert _count(out, FUSED) == 1 and _count(out, decode_attention.ONLINE_SOFTMAX) == 0
+
+
+@pytest.mark.parametrize("variant, reason", [
+    ("additive_mask", "attention_not_plain"),  # HF eager attention: an additive mask, not -inf by a bool mask
+    ("bf16_softmax", "attention_not_plain"),  # the softmax in bf16: the op's numerics are fp32's
+    ("scores_read", "attention_not_plain"),  # the scores are also an output
+])  # fmt: skip
+def test_guards_keep_the_gemms(variant, reason):
+    (gm,) = capture(_Attention(variant), *_inputs())
+    r, out = run_pass(gm, ALONE)
+    assert "decode_attention" not in r.counts() and r.rejection_reasons() == {reason: 1}, r.render()
+    assert _count(out, aten.bmm.default) == 2 and _count(out, FUSED) == 0
+    assert guards.REASONS[reason]
+
+
+def test_many_rows_a_prefill_keeps_the_gemms():
+    args = _inputs(r=decode_attention.MAX_ROWS + 1)
+    (gm,) = capture(_Attention(), *args)
+    r, _ = run_pass(gm, ALONE)
+    assert r.rejection_reasons() == {"attention_rows_above_decode": 1}, r.render()
+
+
+def test_deterministic_mode_keeps_it_off():
+    (gm,) = capture(_Attention(), *_inputs())
+    torch.use_deterministic_algorithms(True)
+    try:
+        r, _ = run_pass(gm, ALONE)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "decode_attention" not in r.counts()
+
+
+def test_a_symbolic_batch_is_taken():
+    args = _inputs(b=3)
+    for t in args:
+        torch._dynamo.mark_dynamic(t, 0)
+    (gm,) = capture(_Attention(), *args)
+    r, _ = run_pass(gm, ALONE)
+    assert r.counts().get("decode_attention") == 1, r.render()
+
+
+def test_symbolic_heads_keep_the_gemms():
+    """``dynamic=True`` makes every size symbolic; the op's row and column tiles need the heads and head dim."""
+    graphs = capture(_Attention(), *_inputs(b=3), dynamic=True, calls=[_inputs(b=2)])
+    r, _ = run_pass(graphs[-1], ALONE)
+    assert r.rejection_reasons() == {"kv_heads_dynamic": 1}, r.render()
+
+
+def test_not_a_softmax_is_no_candidate():
+    class TwoGemms(torch.nn.Module):
+        def forward(self, a, b, c):
+            return torch.matmul(torch.matmul(a, b).relu(), c)
+
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(2, 4, 8, generator=g).to(BF16), torch.randn(2, 8, 8, generator=g).to(BF16),
+            torch.randn(2, 8, 8, generator=g).to(BF16)]  # fmt: skip
+    (gm,) = capture(TwoGemms(), *args)
+    r, _ = run_pass(gm, ALONE)
+    assert "decode_attention" not in r.counts() and not r.rejection_reasons(), r.render()
+
