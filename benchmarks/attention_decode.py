@@ -83,10 +83,11 @@ def sweep(batches, context: int, max_seq: int) -> None:
         times.sort(key=lambda x: x[0])
         splits = [kernel.plan(batch * hkv, max_seq, torch.cuda.get_device_properties(0).multi_processor_count, c)[0]
                   for _, c in times[:3]]  # fmt: skip
-        default = next(us for us, c in times if c == kernel.DEFAULT)
+        chosen = kernel.config_for(batch * hkv)
+        default = next((us for us, c in times if c == chosen), float("nan"))
         log(f"sweep batch {batch}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
         best.append([batch, f"{times[0][0]:.2f}", str(times[0][1]), splits[0], f"{default:.2f}", f"{times[-1][0]:.2f}"])
-    print(tabulate(best, headers=["batch", "best us", "config", "splits", "DEFAULT us", "worst us"]))
+    print(tabulate(best, headers=["batch", "best us", "config", "splits", "TABLE's us", "worst us"]))
 
 
 def reference(q, k_cache, v_cache, positions, scale):

@@ -41,6 +41,14 @@ def test_matches_reference(cfg, b, hkv, r, t, d, positions):
     assert rel_l2(got, want) <= tolerances.ATTENTION_REL_L2
 
 
+@pytest.mark.parametrize("pairs", [most for most, _ in kernel.TABLE[:-1]] + [1 << 20])
+def test_table_rows_compute_the_reference(pairs):
+    cfg = kernel.config_for(pairs)
+    q, k, v, keep, scale = inputs(2, 2, 4, 300, 64, [299, 100])
+    got = kernel.decode_attention(q, k, v, keep, scale, cfg)
+    assert rel_l2(got, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
+
+
 def test_split_plan_covers_every_key():
     for pairs, t in [(1, 576), (8, 576), (64, 576), (512, 576), (8, 33), (2, 64 * 70)]:
         splits, per = kernel.plan(pairs, t, 132)

@@ -48,6 +48,18 @@ class AttentionConfig:
 
 
 DEFAULT = AttentionConfig()
+# (largest batch x kv heads, config), by measurement: ``benchmarks/attention_decode.py --sweep`` on the H200
+# (2026-12-03, Qwen3-8B / Llama-3.1-8B heads, 4 rows per kv head, 576 cache slots, 512 visible; docs/benchmarks.md,
+# "Decode attention in one launch"). Up to 256 pairs (batch 32) 128-key tiles on 8 warps, a split per 128 keys while
+# the kv heads alone leave SMs idle; above, 64-key tiles on 4 warps, one program per kv head.
+TABLE: tuple[tuple[int, AttentionConfig], ...] = (
+    (256, AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1, trim=False)),
+    (1 << 62, AttentionConfig(block_t=64, num_warps=4, num_stages=2, programs=1, trim=False)),
+)
+
+
+def config_for(pairs: int) -> AttentionConfig:
+    return next(cfg for most, cfg in TABLE if pairs <= most)
 MAX_SPLITS = 16  # the merge unrolls over the splits
 MAX_ROWS = 64  # query rows per kv head the kernel holds in registers (acc is [rows, D] fp32)
 MAX_HEAD_DIM = 256
@@ -164,11 +176,11 @@ def plan(pairs: int, t: int, sms: int, cfg: AttentionConfig = DEFAULT) -> tuple[
 def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConfig | None = None) -> torch.Tensor:
     """``reference.decode_attention`` in one launch; inputs validated by the op (``ops.py``). ``keep`` may
     broadcast over the batch, the kv heads and the rows (size-1 dims read with stride 0)."""
-    cfg = cfg or DEFAULT
     b, hkv, r, d = q.shape
     t = k_cache.shape[2]
     out = torch.empty((b, hkv, r, d), dtype=q.dtype, device=q.device)
     pairs = b * hkv
+    cfg = cfg or config_for(pairs)
     if out.numel() == 0:
         return out
     keep = keep.expand(b, hkv, r, t)  # a view: broadcast dims get stride 0
