@@ -205,3 +205,18 @@ def erase_dead(graph: Graph, nodes) -> None:
 def _impure(node: Node) -> bool:
     t = node.target
     return isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
+
+
+def structural_key(node, depth: int = 8):
+    """A hashable key equal for two nodes that compute the same value by the same pure ops from the same inputs
+    (graph inputs and impure nodes stand for themselves; ``depth`` bounds the walk): a small CSE for a rewrite
+    that would otherwise make Inductor compute one value once per site."""
+    if isinstance(node, (list, tuple)):
+        return tuple(structural_key(a, depth) for a in node)
+    if not isinstance(node, Node):
+        return node
+    if depth == 0 or node.op != "call_function" or _impure(node):
+        return node
+    args = structural_key(node.args, depth - 1)
+    kwargs = tuple(sorted((k, structural_key(v, depth - 1)) for k, v in node.kwargs.items()))
+    return node.target, args, kwargs

@@ -217,24 +217,51 @@ class Match:
         return guards.OK
 
 
-def rewrite(graph: Graph, m: Match) -> str:
+def _one_row(keep: Node) -> Node:
+    """``x`` when ``keep`` is ``reshape(expand(x [B|1, 1, 1, T], [.., G, 1, T]), [.., 1, G, T])``: every row the same
+    (the engine's mask at one query token, laid out for the G query heads of a kv head). The op reads x's one row
+    for all rows, and Inductor need not write the [.., G, T] copy, a launch per layer."""
+    expand = keep.args[0] if _op(keep, *_graph.RESHAPES) else None
+    if not _op(expand, aten.expand.default):
+        return keep
+    x, wide, out = _graph.val(expand.args[0]), _graph.val(expand), _graph.val(keep)
+    if x is None or x.dim() != 4 or wide.dim() != 4 or out.dim() != 4:
+        return keep
+    b, _, _, t = x.shape
+    if _graph.shape_is(x, (b, 1, 1, t)) and _graph.shape_is(wide, (b, wide.shape[1], 1, t)) and _graph.shape_is(
+            out, (b, 1, wide.shape[1], t)):  # fmt: skip
+        return expand.args[0]
+    return keep
+
+
+def rewrite(graph: Graph, m: Match, masks: dict) -> str:
+    """``masks``: structural key -> the keep mask an earlier site of this graph passed its op. Every layer builds the
+    same mask from the same positions; one node for all of them is one Inductor kernel per step, not per layer."""
     kc = _graph.val(m.k_cache)
     _, hkv, t, d = kc.shape
     r = _graph.val(m.q3).shape[1]
+    if m.hides and _op(m.mask, aten.bitwise_not.default):
+        keep = _one_row(m.mask.args[0])
+        key = _graph.structural_key(keep)
+    else:
+        keep, key = m.mask, (aten.bitwise_not.default if m.hides else None, _graph.structural_key(m.mask))
+    shared = masks.get(key)
     with _graph.Edit(graph, before=m.pv) as e:
         q4 = e.call(aten.reshape.default, m.q3, [-1, hkv, r, d])
-        if m.hides and _op(m.mask, aten.bitwise_not.default):
-            keep = m.mask.args[0]
-        else:
-            keep = e.call(aten.bitwise_not.default, m.mask) if m.hides else m.mask
+        if shared is not None and not shared._erased:
+            keep = shared
+        elif m.hides and keep is m.mask:
+            keep = e.call(aten.bitwise_not.default, m.mask)
         o = e.call(FUSED, q4, m.k_cache, m.v_cache, keep, m.scale)
         out = e.call(aten.reshape.default, o, [-1, r, d])
+    masks.setdefault(key, keep)
     m.pv.replace_all_uses_with(out)
     _graph.erase_dead(graph, [n for n in m.nodes if n not in (m.k_cache, m.v_cache)] + [m.mask])
     return f"{r} query rows per kv head over a {t}-slot cache, scale {m.scale:.6g}: one launch"
 
 
 def run(graph: Graph, report) -> None:
+    masks: dict = {}
     for pv in [n for n in graph.nodes if _op(n, aten.bmm.default)]:
         if pv._erased:  # the score GEMM of a site rewritten before it
             continue
@@ -254,7 +281,7 @@ def run(graph: Graph, report) -> None:
             report.reject(NAME, pv.name, verdict.reason, f"{verdict.detail}: the GEMMs and softmax stay", shapes, dtype)
             continue
         try:  # a site that fails to rewrite leaves the graph as it was (Edit); the other sites go on
-            detail = rewrite(graph, m)
+            detail = rewrite(graph, m, masks)
         except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
             report.error(NAME, pv.name, f"replacement raised {type(e).__name__}: {e}")
             continue

@@ -47,6 +47,21 @@ def test_engine_decode_step_attends_in_one_op(preset):
     assert torch.equal(with_it[1][0], without[1][0]) and torch.equal(with_it[1][LAYERS], without[1][LAYERS])
 
 
+def test_every_layer_reads_one_mask_of_one_row():
+    """The layers' masks are one computation of the positions: one node after the rewrite (one Inductor kernel per
+    step), and at one query token every row is the same, so the op reads [B, 1, 1, T], not the G-row copy."""
+    model, _, new_cache = _engine_step("llama-tiny")
+    cache, _ = new_cache()
+    (gm,) = capture(lambda ids, pos: model(ids, pos, cache), torch.zeros(3, 1, dtype=torch.long),
+                    torch.tensor([[5], [11], [2]]))  # fmt: skip
+    r, out = run_pass(gm, ALONE)
+    fused = [n for n in out.graph.nodes if n.target is FUSED]
+    assert len(fused) == LAYERS and r.counts()["decode_attention"] == LAYERS, r.render()
+    masks = {n.args[3] for n in fused}
+    assert len(masks) == 1 and list(next(iter(masks)).meta["val"].shape) == [3, 1, 1, 16]
+    assert _count(out, aten.le.Tensor) == 1
+
+
 class _Attention(torch.nn.Module):
     """The engine's ``math`` decode attention on grouped rows; ``variant`` breaks one guard."""
 
