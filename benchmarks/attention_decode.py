@@ -45,8 +45,9 @@ def fused(q, k_cache, v_cache, positions, scale):
     """The engine's grouped q and mask (``engine.decode_attention``) handed to the fused op."""
     b, h, s, d = q.shape
     hkv, t = k_cache.shape[1], k_cache.shape[2]
-    keep = torch.arange(t, device=q.device) <= positions.unsqueeze(-1)  # [B, S, T]
-    keep = keep.unsqueeze(1).expand(b, h // hkv, s, t).reshape(b, 1, h // hkv * s, t)
+    keep = (torch.arange(t, device=q.device) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, S, T]
+    if s > 1:  # the rows are (query head, token) pairs; at one token every row is the token's: the rewrite's one row
+        keep = keep.expand(b, h // hkv, s, t).reshape(b, 1, h // hkv * s, t)
     o = torch.ops.fp8_fusion.decode_attention(q.reshape(b, hkv, h // hkv * s, d), k_cache, v_cache, keep, scale)
     return o.reshape(b, h, s, d)
 
