@@ -1,6 +1,6 @@
 """On a CUDA GPU: ``decode_attention`` (split-KV decode attention) at the 8B / 32B / 0.6B decode shapes against
 ``reference.decode_attention`` on the same GPU, the split merge replayed in a CUDA graph, and every config the
-benchmark sweeps. ``python -m pytest tests/kernels/test_decode_attention_gpu.py -m gpu -q``."""
+benchmark sweeps. ``python -m pytest tests/kernels/test_attention_kernel_gpu.py -m gpu -q``."""
 
 from __future__ import annotations
 
