@@ -150,3 +150,36 @@ def test_hf_decode_attention_reads_the_static_cache_without_a_copy(batch):
     print(f"vs eager: with the rewrite {err:.4f}, without {noise:.4f}; with vs without {_rel(got, kept):.5f}")
     # H200, 2026-12-02: 0.0806 / 0.0457 with it, 0.0869 / 0.0457 without at batch 1 / 64 (a wrong head would be ~1)
     assert err <= tolerances.pass_vs_eager_bound(noise)
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_engine_decode_attention_in_one_launch(batch):
+    # decode_attention on CUDA's post-grad spelling (prepare_softmax_online): real Llama-3.1-8B heads (32 q, 8 kv),
+    # 2 layers, a 576-slot cache with random values, positions up to 511; with and without the rewrite against eager
+    model = build_model("llama3.1-8b", form="engine", layers=2, device="cuda")
+    ids = torch.randint(0, 1000, (batch, 1), device="cuda")
+    positions = (511 - 7 * torch.arange(batch, device="cuda")).view(batch, 1)
+    cache = model.new_kv_cache(batch, 576)
+    saved = [t.normal_().clone() for t in cache.k + cache.v]
+
+    def step(fn):
+        for t, s in zip(cache.k + cache.v, saved):
+            t.copy_(s)
+        with torch.no_grad():
+            return fn(ids, positions, cache).float()
+
+    eager = step(model)
+    results = []
+    for config in (fp8_fusion_pass.FusionConfig(), fp8_fusion_pass.FusionConfig(decode_attention=False)):
+        torch._dynamo.reset()
+        report_mod.clear_reports()
+        fn = torch.compile(model, backend=fp8_fusion_pass.backend(config, **NO_CACHE))
+        results.append((step(fn), report_mod.all_reports()[0]))
+    torch._dynamo.reset()
+    (got, r), (kept, r_off) = results
+    applied = [d.detail for d in r.applied if d.pattern == "decode_attention"]
+    print(f"batch {batch}: {applied[:1]}")
+    assert len(applied) == 2 and "decode_attention" not in r_off.counts(), r.render()
+    err, noise = _rel(got, eager), _rel(kept, eager)
+    print(f"vs eager: with the rewrite {err:.4f}, without {noise:.4f}; with vs without {_rel(got, kept):.5f}")
+    assert err <= tolerances.pass_vs_eager_bound(noise)
