@@ -27,6 +27,7 @@ sees no key gives NaN, as softmax over nothing does.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -61,8 +62,6 @@ TABLE: tuple[tuple[int, AttentionConfig], ...] = (
 def config_for(pairs: int) -> AttentionConfig:
     return next(cfg for most, cfg in TABLE if pairs <= most)
 MAX_SPLITS = 16  # the merge unrolls over the splits
-MAX_ROWS = 64  # query rows per kv head the kernel holds in registers (acc is [rows, D] fp32)
-MAX_HEAD_DIM = 256
 
 
 @triton.jit
@@ -157,6 +156,7 @@ def _decode_attention_kernel(
             tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
 
 
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: a few splits, so CI runs the merge
