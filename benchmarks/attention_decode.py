@@ -13,10 +13,12 @@ against the fp32 math reference:
   the keys);
 - ``fused``: ``fp8_fusion::decode_attention`` (``kernels/triton/decode_attention.py``) called on the engine's
   grouped q and mask: the kernel the ``decode_attention`` rewrite swaps in;
+- ``fused_upto``: ``fp8_fusion::decode_attention_upto`` on the positions themselves (no mask; the key loop ends
+  at the position): what the rewrite swaps in for the engine's ``slot <= position`` mask;
 - ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed.
 
 ``--sweep`` times every ``AttentionConfig`` of ``SWEEP`` on the kernel alone (20 calls per CUDA graph, so the
-graph launch is not counted), per batch, and prints the best.
+graph launch is not counted), per batch, and prints the best: the upto form (``--sweep-mask``: the mask form).
 Roofline: the valid K/V bytes read once over the copy bandwidth.
 """
 
@@ -52,10 +54,21 @@ def fused(q, k_cache, v_cache, positions, scale):
     return o.reshape(b, h, s, d)
 
 
+def fused_upto(q, k_cache, v_cache, positions, scale):
+    """The engine's grouped q and its one token's positions handed to the upto op."""
+    b, h, s, d = q.shape
+    hkv = k_cache.shape[1]
+    assert s == 1, "the upto form is one query token per batch row"
+    o = torch.ops.fp8_fusion.decode_attention_upto(q.reshape(b, hkv, h // hkv, d), k_cache, v_cache,
+                                                   positions.reshape(b), scale)  # fmt: skip
+    return o.reshape(b, h, s, d)
+
+
 def compiled(impl: str, scale: float):
     torch._dynamo.reset()
-    if impl == "fused":
-        return torch.compile(lambda q, kc, vc, pos: fused(q, kc, vc, pos, scale))
+    if impl in ("fused", "fused_upto"):
+        op = fused if impl == "fused" else fused_upto
+        return torch.compile(lambda q, kc, vc, pos: op(q, kc, vc, pos, scale))
     if impl == "math+pass":
         from fp8_fusion_pass import backend
 
@@ -64,8 +77,9 @@ def compiled(impl: str, scale: float):
     return torch.compile(lambda q, kc, vc, pos, impl=impl: decode_attention(q, kc, vc, pos, scale, impl))
 
 
-def sweep(batches, context: int, max_seq: int) -> None:
-    """Every SWEEP config on the kernel alone, per batch: us per call, the best first."""
+def sweep(batches, context: int, max_seq: int, mask: bool) -> None:
+    """Every SWEEP config on the kernel alone, per batch: us per call, the best first. ``mask``: the mask form
+    (else the upto form, where ``trim`` means nothing: those configs are skipped)."""
     from tabulate import tabulate
 
     hkv, r, d = 8, 4, 128
@@ -75,11 +89,13 @@ def sweep(batches, context: int, max_seq: int) -> None:
         q = torch.randn(batch, hkv, r, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k_cache = torch.randn(batch, hkv, max_seq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         v_cache = torch.randn_like(k_cache)
-        keep = (torch.arange(max_seq, device="cuda") <= context).view(1, 1, 1, max_seq)
+        seen = (torch.arange(max_seq, device="cuda") <= context).view(1, 1, 1, max_seq) if mask else (
+            torch.full((batch,), context, device="cuda"))  # fmt: skip
+        call = kernel.decode_attention if mask else kernel.decode_attention_upto
         times = []
-        for cfg in SWEEP:
-            graph, _ = capture(lambda *a, cfg=cfg: [kernel.decode_attention(*a, d**-0.5, cfg) for _ in range(20)],
-                               (q, k_cache, v_cache, keep))  # fmt: skip
+        for cfg in SWEEP if mask else [c for c in SWEEP if not c.trim]:
+            graph, _ = capture(lambda *a, cfg=cfg, call=call: [call(*a, d**-0.5, cfg) for _ in range(20)],
+                               (q, k_cache, v_cache, seen))  # fmt: skip
             times.append((time_replays(graph, 20) * 1e3 / 20, cfg))
         times.sort(key=lambda x: x[0])
         splits = [kernel.plan(batch * hkv, max_seq, torch.cuda.get_device_properties(0).multi_processor_count, c)[0]
@@ -106,12 +122,13 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
-    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,math+pass")
-    p.add_argument("--sweep", action="store_true", help="time SWEEP's kernel configs instead")
+    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,math+pass")
+    p.add_argument("--sweep", action="store_true", help="time SWEEP's kernel configs instead (the upto form)")
+    p.add_argument("--sweep-mask", action="store_true", help="with --sweep: the mask form")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     if args.sweep:
-        sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq)
+        sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq, args.sweep_mask)
         return 0
     bw = copy_bandwidth()
     h, hkv, d = 32, 8, 128

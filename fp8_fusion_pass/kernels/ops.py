@@ -25,6 +25,7 @@ Outputs (``x [..., K]``, ``g = group_size``):
                                                      -> q [B,Hq,S,D]; k, v written at positions into caches [B,Hk,T,D]
   qk_rope_cache(q, k, cos, sin, v, positions, k_cache!, v_cache!) -> q     (the same, without norms)
   decode_attention(q [B,Hkv,R,D], k_cache [B,Hkv,T,D], v_cache, keep [B|1,Hkv|1,R|1,T] bool, scale) -> o [B,Hkv,R,D]
+  decode_attention_upto(q, k_cache, v_cache, last [B] int, scale) -> o: keep = slot <= last[b], every row
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -363,22 +364,30 @@ ATTENTION_MAX_ROWS = 64  # query rows per kv head (the Triton kernel keeps them 
 ATTENTION_MAX_HEAD_DIM = 256
 
 
-def _check_decode_attention(op, q, k_cache, v_cache, keep, scale):
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("keep", keep)):
+def _check_decode_attention(op, q, k_cache, v_cache, scale, keep=None, last=None):
+    """The shared checks; ``keep`` (decode_attention) or ``last`` (decode_attention_upto) says what is seen."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)) + ((("keep", keep),) if last is None else ()):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{op}: {name} must be a 4-D tensor, got {got}")
     if q.dtype not in ATTENTION_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"{op}: q, k_cache and v_cache must share one dtype, bf16 or fp16; got {q.dtype}, "
                         f"{k_cache.dtype}, {v_cache.dtype}")
-    if keep.dtype != torch.bool:
-        raise TypeError(f"{op}: keep must be a bool mask (True: the slot is seen), got {keep.dtype}")
     b, hkv, r, d = q.shape
     if tuple(k_cache.shape) != tuple(v_cache.shape) or tuple(k_cache.shape[:2]) != (b, hkv) or k_cache.shape[3] != d:
         raise ValueError(f"{op}: k_cache and v_cache must both be [B, Hkv, T, D] = [{b}, {hkv}, T, {d}] (q's B, Hkv, "
                          f"D), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     t = k_cache.shape[2]
-    if any(m not in (1, n) for m, n in zip(keep.shape[:3], (b, hkv, r))) or keep.shape[3] != t:
+    if last is not None:
+        if not isinstance(last, Tensor) or last.dim() != 1 or last.dtype not in (torch.int32, torch.int64):
+            got = f"{tuple(last.shape)} {last.dtype}" if isinstance(last, Tensor) else type(last).__name__
+            raise TypeError(f"{op}: last must be a 1-D int32 / int64 tensor, the last slot each batch row sees; "
+                            f"got {got}")
+        if last.shape[0] != b:
+            raise ValueError(f"{op}: last must have one entry per batch row ({b}), got {last.shape[0]}")
+    elif keep.dtype != torch.bool:
+        raise TypeError(f"{op}: keep must be a bool mask (True: the slot is seen), got {keep.dtype}")
+    elif any(m not in (1, n) for m, n in zip(keep.shape[:3], (b, hkv, r))) or keep.shape[3] != t:
         raise ValueError(f"{op}: keep must broadcast to [B, Hkv, R, T] = [{b}, {hkv}, {r}, {t}], got "
                          f"{tuple(keep.shape)}")
     if r > ATTENTION_MAX_ROWS or d > ATTENTION_MAX_HEAD_DIM:
@@ -386,21 +395,37 @@ def _check_decode_attention(op, q, k_cache, v_cache, keep, scale):
                          f"{ATTENTION_MAX_HEAD_DIM}, got {r} rows of {d}")
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise TypeError(f"{op}: scale must be a number, got {type(scale).__name__}")
-    checks.same_device(op, q=q, k_cache=k_cache, v_cache=v_cache, keep=keep)
+    checks.same_device(op, q=q, k_cache=k_cache, v_cache=v_cache, **({"keep": keep} if last is None else
+                                                                       {"last": last}))
 
 
 @custom_op(f"{NS}::decode_attention", mutates_args=())
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, keep: Tensor, scale: float) -> Tensor:
     """Softmax attention of the R query rows per kv head over a static cache (``reference.decode_attention``),
     one launch on the Triton backend (split-KV, GQA rows grouped). Output ``[B, Hkv, R, D]`` contiguous."""
-    _check_decode_attention("decode_attention", q, k_cache, v_cache, keep, scale)
+    _check_decode_attention("decode_attention", q, k_cache, v_cache, scale, keep=keep)
     return _kernel("decode_attention", q)(q, k_cache, v_cache, keep, scale)
 
 
 @decode_attention.register_fake
 def _(q, k_cache, v_cache, keep, scale):
-    _check_decode_attention("decode_attention", q, k_cache, v_cache, keep, scale)
+    _check_decode_attention("decode_attention", q, k_cache, v_cache, scale, keep=keep)
     return q.new_empty(q.shape)  # contiguous, whatever q's strides
+
+
+@custom_op(f"{NS}::decode_attention_upto", mutates_args=())
+def decode_attention_upto(q: Tensor, k_cache: Tensor, v_cache: Tensor, last: Tensor, scale: float) -> Tensor:
+    """``decode_attention`` where batch row b sees the cache slots 0..last[b] (every query row alike: a decode
+    step's causal mask over a static cache). The kernel reads no mask and no slot after ``last[b]``; a negative
+    ``last[b]`` sees nothing (NaN rows, as softmax over nothing)."""
+    _check_decode_attention("decode_attention_upto", q, k_cache, v_cache, scale, last=last)
+    return _kernel("decode_attention_upto", q)(q, k_cache, v_cache, last, scale)
+
+
+@decode_attention_upto.register_fake
+def _(q, k_cache, v_cache, last, scale):
+    _check_decode_attention("decode_attention_upto", q, k_cache, v_cache, scale, last=last)
+    return q.new_empty(q.shape)
 
 
 # ---------------------------------------------------------------- mutating (the zero-fill case)

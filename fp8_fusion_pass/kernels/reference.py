@@ -195,3 +195,9 @@ def decode_attention(q, k_cache, v_cache, keep, scale: float) -> torch.Tensor:
     s = torch.matmul(q.float(), k_cache.float().transpose(-1, -2)) * scale
     s = s.masked_fill(~keep, float("-inf"))
     return torch.matmul(s.softmax(-1), v_cache.float()).to(q.dtype)
+
+
+def decode_attention_upto(q, k_cache, v_cache, last, scale: float) -> torch.Tensor:
+    """``decode_attention`` with batch row b seeing the slots ``0..last[b]``."""
+    keep = torch.arange(k_cache.shape[2], device=q.device) <= last.view(-1, 1, 1, 1)
+    return decode_attention(q, k_cache, v_cache, keep, scale)

@@ -69,4 +69,5 @@ def kernels() -> dict:
         "qk_rope_cache": ref.qk_rope_cache,
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
         "decode_attention": ref.decode_attention,
+        "decode_attention_upto": ref.decode_attention_upto,
     }

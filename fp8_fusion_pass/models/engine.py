@@ -97,7 +97,7 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
     def _cached(self, q, k, v, positions, k_cache, v_cache):
-        b, _, s, d = q.shape
+        b = q.shape[0]
         # Token (b, positions[b, i]) of every head, written into the cache tensor itself: an index_put_ on the
         # graph input, which Inductor keeps in place. (Writing through a transposed view of the cache made
         # functionalization copy the whole cache back every step: 35 us per layer and tensor at batch 64 on the
@@ -116,7 +116,9 @@ class Attention(nn.Module):
 # mem-efficient 29.4 / 30.4 / 86.8. The fused kernels run one program per (batch, kv head), 8 at batch 1, and
 # walk the 576 keys serially; the math form's GEMMs and softmax spread them over the GPU.
 DECODE_ATTENTION = "math"
-DECODE_ATTENTION_IMPLS = ("sdpa_mask", "sdpa_efficient", "math", "flex")
+# "fp32": the math form without its two bf16 roundings (scores and probabilities stay fp32, v widened), the exact
+# attention the fused op is held to (tests compare a model with the op against this one run eagerly).
+DECODE_ATTENTION_IMPLS = ("sdpa_mask", "sdpa_efficient", "math", "flex", "fp32")
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
@@ -145,6 +147,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         scores = torch.matmul(qg, k_cache.transpose(-1, -2)).float() * scale
         probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(q.dtype)
         o = torch.matmul(probs, v_cache)
+    elif impl == "fp32":
+        scores = torch.matmul(qg.float(), k_cache.float().transpose(-1, -2)) * scale
+        o = torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(-1), v_cache.float()).to(q.dtype)
     elif impl == "sdpa_efficient":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -7,6 +7,9 @@
 
     after
     o = fp8_fusion.decode_attention(q.view(B, Hkv, R, D), k_cache, v_cache, keep, scale).view(B*Hkv, R, D)
+    o = fp8_fusion.decode_attention_upto(q.view(B, Hkv, R, D), k_cache, v_cache, P.view(B), scale).view(...)
+        instead, where keep is ``arange(T) <= P``, one position P[b] per batch row (a decode step's causal mask):
+        no mask is built or read, and no cache slot after P[b]
 
 R is the query rows of a kv head (its G query heads x the step's tokens). Why: those are three or four launches
 and the [B, Hkv, R, T] scores written and read twice; the fused op (``kernels/triton/decode_attention.py``) reads
@@ -15,8 +18,9 @@ the fp32 reference than the graph it replaces (it rounds neither the scores nor 
 but not equal to it, so deterministic mode keeps the rewrite off.
 
 A candidate is a bmm whose first operand is a softmax over the last dim (amax, sub, exp, sum, div; on CUDA Inductor
-has already turned the max and the sum into one ``prepare_softmax_online``) rounded to a half dtype. Guards, each with its reason: the softmax's input is fp32 ``scale * scores`` (or the scores alone)
-where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
+has already turned the max and the sum into one ``prepare_softmax_online``) rounded to a half dtype; either bmm may
+be Inductor's row-padded one (``pad_mm``: ``bmm(cat([a, zeros], 1), b)[:, :m]``). Guards, each with its reason:
+the softmax's input is fp32 ``scale * scores`` (or the scores alone) where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
 values a [B, Hkv, T, D] tensor, nothing else reading any step and a 4-D mask (``attention_not_plain``; an additive
 mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static rows,
 head dim and kv heads (``kv_heads_dynamic``); at most ``MAX_ROWS`` rows per kv head (``attention_rows_above_decode``:
@@ -41,6 +45,7 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 NAME = "decode_attention"
 FUSED = torch.ops.fp8_fusion.decode_attention.default
+FUSED_UPTO = torch.ops.fp8_fusion.decode_attention_upto.default
 MAX_ROWS = 16  # query rows per kv head the rewrite takes (one MMA tile): decode, G heads x a few tokens
 CONVERT = prims.convert_element_type.default
 HALF = (torch.bfloat16, torch.float16)
@@ -129,8 +134,35 @@ def _masked(x: Node, chain: list[Node]) -> tuple[Node, Node, bool]:
     raise _NotPlain("the softmax input's where() fills neither side with -inf")
 
 
-def _scaled(s: Node, chain: list[Node]) -> tuple[Node, float]:
-    """(bmm, scale) of ``bmm(...).view(...).float() * scale`` (the scale may be absent: 1.0)."""
+def _zeros(node) -> bool:
+    return _op(node, aten.zeros.default) or (_op(node, aten.full.default) and node.args[1] == 0)
+
+
+def _unpadded(out: Node) -> tuple[Node, Node, list[Node]] | None:
+    """(bmm, its first operand, the padding's nodes) when ``out`` is a bmm, or Inductor's row-padded one,
+    ``bmm(cat([a, zeros], 1), b)[:, :m]`` = ``bmm(a, b)``: ``pad_mm`` pads a bmm's rows to a multiple of 8 on CUDA
+    where a benchmark at compile time finds the padded GEMM faster (an 8B model's 4 rows per kv head, as timing
+    noise decides)."""
+    if _op(out, aten.bmm.default):
+        return out, out.args[0], []
+    if not (_op(out, aten.slice.Tensor) and _op(out.args[0], aten.bmm.default) and len(out.args[0].users) == 1):
+        return None
+    bmm, cat = out.args[0], out.args[0].args[0]
+    dim = out.args[1] if len(out.args) > 1 else 0
+    start = out.args[2] if len(out.args) > 2 else None
+    step = out.args[4] if len(out.args) > 4 else 1
+    if not (dim == 1 and start in (0, None) and step == 1 and _op(cat, aten.cat.default) and len(cat.args[0]) == 2
+            and (cat.args[1] if len(cat.args) > 1 else 0) == 1 and _zeros(cat.args[0][1])):  # fmt: skip
+        return None
+    a = cat.args[0][0]
+    if not _graph.shape_is(_graph.val(out), (*_graph.val(a).shape[:2], _graph.val(bmm).shape[2])):
+        return None
+    return bmm, a, [out, cat]
+
+
+def _scaled(s: Node, chain: list[Node]) -> tuple[Node, Node, float, Node]:
+    """(bmm, its first operand, scale, the scores as the softmax reads them) of ``bmm(...).view(...).float() *
+    scale`` (the scale may be absent: 1.0)."""
     scale = 1.0
     if _op(s, aten.mul.Tensor) and isinstance(s.args[1], (int, float)) and not isinstance(s.args[1], bool):
         chain.append(s)
@@ -138,11 +170,12 @@ def _scaled(s: Node, chain: list[Node]) -> tuple[Node, float]:
     if not (_op(s, CONVERT) and s.args[1] == torch.float32):
         raise _NotPlain("the scores are not the score GEMM's output widened to fp32 (times a number)")
     chain.append(s)
-    bmm = _through_views(s.args[0], chain)
-    if not _op(bmm, aten.bmm.default):
+    found = _unpadded(_through_views(s.args[0], chain))
+    if found is None:
         raise _NotPlain("the scores are not one bmm's output")
-    chain.append(bmm)
-    return bmm, scale
+    bmm, q3, padding = found
+    chain += padding + [bmm]
+    return bmm, q3, scale, s.args[0]
 
 
 def _cache(node: Node, transposed: bool, chain: list[Node]) -> Node:
@@ -162,8 +195,14 @@ class Match:
     """Everything the rewrite needs, found walking back from the value bmm."""
 
     def __init__(self, pv: Node):
-        self.pv, self.nodes = pv, [pv]
-        probs = _through_views(pv.args[0], self.nodes)
+        # out: the node whose readers the op's output takes over, pv itself or the slice of Inductor's padded bmm
+        self.pv, self.out, self.nodes = pv, pv, [pv]
+        operand, users = pv.args[0], list(pv.users)
+        padded = _unpadded(users[0]) if len(users) == 1 and _op(users[0], aten.slice.Tensor) else None
+        if padded is not None:
+            _, operand, (self.out, cat) = padded
+            self.nodes = [self.out, pv, cat]  # out first: nothing after it is the match's own reader
+        probs = _through_views(operand, self.nodes)
         if not (_op(probs, CONVERT) and probs.args[1] in HALF):
             raise LookupError
         found = softmax_input(probs.args[0])
@@ -172,15 +211,17 @@ class Match:
         self.nodes.append(probs)
         x, steps = found
         self.nodes += steps
-        scores, self.mask, self.hides = _masked(x, self.nodes)
-        self.qk, self.scale = _scaled(scores, self.nodes)
-        self.q3 = self.qk.args[0]
-        self.k_cache = _cache(self.qk.args[1], True, self.nodes)
-        self.v_cache = _cache(pv.args[1], False, self.nodes)
+        try:  # a softmax times values from here on: a candidate, so whatever stops the match is reported
+            scores, self.mask, self.hides = _masked(x, self.nodes)
+            self.qk, self.q3, self.scale, self.scores = _scaled(scores, self.nodes)
+            self.k_cache = _cache(self.qk.args[1], True, self.nodes)
+            self.v_cache = _cache(pv.args[1], False, self.nodes)
+        except (AttributeError, IndexError, TypeError) as e:  # e.g. a node without a fake value
+            raise _NotPlain(f"a step of the scores could not be read ({type(e).__name__}: {e})") from e
         self.out_dtype = probs.args[1]
 
     def check(self) -> guards.Verdict:
-        q3, s4 = _graph.val(self.q3), _graph.val(self.nodes[self.nodes.index(self.qk) - 1])
+        q3, s4 = _graph.val(self.q3), _graph.val(self.scores)
         kc, vc, mask = _graph.val(self.k_cache), _graph.val(self.v_cache), _graph.val(self.mask)
         dtypes = {q3.dtype, kc.dtype, vc.dtype, self.out_dtype}
         if len(dtypes) != 1 or q3.dtype not in HALF:
@@ -234,30 +275,71 @@ def _one_row(keep: Node) -> Node:
     return keep
 
 
+# slot <op> position, as (which argument is the slot index, what to add to the position for the last slot seen)
+_COMPARES = {aten.le.Tensor: (0, 0), aten.lt.Tensor: (0, -1), aten.ge.Tensor: (1, 0), aten.gt.Tensor: (1, -1)}
+
+
+def _upto(keep: Node) -> tuple[Node, int] | None:
+    """(P, offset) when ``keep [B, 1, 1, T]`` is ``iota(T) <= P`` (``<``: offset -1) with P an integer
+    ``[B, 1, ..]`` (one position per batch row), read through unsqueezes: batch row b sees the slots
+    ``0..P[b] + offset``. The engine form's decode mask; the op then needs neither the mask nor the slots after it."""
+    node = keep
+    while _op(node, aten.unsqueeze.default, *_graph.RESHAPES):
+        node = node.args[0]
+    if not (_op(node, *_COMPARES) and len(node.args) == 2):
+        return None
+    slot_at, offset = _COMPARES[node.target]
+    iota, pos = node.args[slot_at], node.args[1 - slot_at]
+    kept, out, p = _graph.val(keep), _graph.val(node), _graph.val(pos)
+    if not (_op(iota, prims.iota.default) and iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1):
+        return None
+    if not (isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool):
+        return None
+    b, t = kept.shape[0], kept.shape[-1]
+    ones = (1,) * (out.dim() - 2)
+    if not (_graph.shape_is(kept, (b, 1, 1, t)) and _graph.shape_is(out, (b, *ones, t))
+            and _graph.shape_is(p, (b, *ones, 1))):  # fmt: skip
+        return None
+    return pos, offset
+
+
 def rewrite(graph: Graph, m: Match, masks: dict) -> str:
-    """``masks``: structural key -> the keep mask an earlier site of this graph passed its op. Every layer builds the
-    same mask from the same positions; one node for all of them is one Inductor kernel per step, not per layer."""
+    """``masks``: structural key -> the keep mask (or ``last``) an earlier site of this graph passed its op. Every
+    layer builds the same mask from the same positions; one node for all of them is one Inductor kernel per step
+    (none for ``last``: a view of the positions), not one per layer."""
     kc = _graph.val(m.k_cache)
     _, hkv, t, d = kc.shape
     r = _graph.val(m.q3).shape[1]
+    upto = None
     if m.hides and _op(m.mask, aten.bitwise_not.default):
         keep = _one_row(m.mask.args[0])
+        upto = _upto(keep)
         key = _graph.structural_key(keep)
+    elif not m.hides:
+        keep = _one_row(m.mask)
+        upto = _upto(keep)
+        key = (None, _graph.structural_key(keep))
     else:
-        keep, key = m.mask, (aten.bitwise_not.default if m.hides else None, _graph.structural_key(m.mask))
+        keep, key = m.mask, (aten.bitwise_not.default, _graph.structural_key(m.mask))
     shared = masks.get(key)
     with _graph.Edit(graph, before=m.pv) as e:
         q4 = e.call(aten.reshape.default, m.q3, [-1, hkv, r, d])
         if shared is not None and not shared._erased:
             keep = shared
+        elif upto is not None:
+            pos, offset = upto
+            keep = e.call(aten.reshape.default, pos, [-1])
+            if offset:
+                keep = e.call(aten.add.Tensor, keep, offset)
         elif m.hides and keep is m.mask:
             keep = e.call(aten.bitwise_not.default, m.mask)
-        o = e.call(FUSED, q4, m.k_cache, m.v_cache, keep, m.scale)
+        o = e.call(FUSED_UPTO if upto is not None else FUSED, q4, m.k_cache, m.v_cache, keep, m.scale)
         out = e.call(aten.reshape.default, o, [-1, r, d])
     masks.setdefault(key, keep)
-    m.pv.replace_all_uses_with(out)
+    m.out.replace_all_uses_with(out)
     _graph.erase_dead(graph, [n for n in m.nodes if n not in (m.k_cache, m.v_cache)] + [m.mask])
-    return f"{r} query rows per kv head over a {t}-slot cache, scale {m.scale:.6g}: one launch"
+    seen = "slots up to each batch row's position (no mask, no slot after it read)" if upto else "a mask"
+    return f"{r} query rows per kv head over a {t}-slot cache, {seen}, scale {m.scale:.6g}: one launch"
 
 
 def run(graph: Graph, report) -> None:

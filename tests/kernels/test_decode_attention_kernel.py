@@ -1,6 +1,6 @@
 """``decode_attention``: the Triton split-KV kernel (CPU interpreter) against ``reference.decode_attention``, the
-split merge, masks that broadcast or hide whole tiles, rows that see nothing (NaN, as softmax), and the op's
-input checks."""
+split merge, masks that broadcast or hide whole tiles, rows that see nothing (NaN, as softmax), the upto form (the
+mask given as each batch row's last slot), and the ops' input checks."""
 
 from __future__ import annotations
 
@@ -108,3 +108,57 @@ def test_op_runs_the_triton_kernel_and_checks_inputs():
         OP(big, k, v, keep, scale)
     with pytest.raises(ValueError, match="4-D"):
         OP(q[0], k, v, keep, scale)
+
+
+UPTO = torch.ops.fp8_fusion.decode_attention_upto
+
+
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT, *(cfg for _, cfg in kernel.TABLE)], ids=str)
+@pytest.mark.parametrize("b, t, positions, dtype", [
+    (3, 300, [299, 63, 64], torch.int64),  # all keys; the last key of a tile; the first of the next
+    (2, 200, [-1, 500], torch.int32),  # sees nothing (NaN); past the cache (every key)
+    (1, 40, [0], torch.int64),  # one key, fewer keys than a tile
+])  # fmt: skip
+def test_upto_is_the_mask_it_stands_for_bit_for_bit(cfg, b, t, positions, dtype):
+    # the same kernel, the loop ended at last[b] instead of the masked keys after it contributing exp(-inf) = 0
+    q, k, v, keep, scale = inputs(b, 2, 4, t, 32, positions)
+    last = torch.tensor(positions, dtype=dtype)
+    got = kernel.decode_attention_upto(q, k, v, last, scale, cfg)
+    assert torch.equal(got.isnan(), keep.any(-1, keepdim=True).logical_not().expand_as(got))
+    assert torch.equal(got.nan_to_num(), kernel.decode_attention(q, k, v, keep, scale, cfg).nan_to_num())
+    want = ref.decode_attention_upto(q, k, v, last, scale)
+    assert torch.equal(want.isnan(), got.isnan()) and rel_l2(got.nan_to_num(), want.nan_to_num()) <= (
+        tolerances.ATTENTION_REL_L2)  # fmt: skip
+
+
+def test_upto_reads_no_slot_after_last():
+    # NaN in every slot after a row's position: the mask form would load them (a masked score, but p = 0 times a
+    # NaN value is NaN in the p @ v sum); the upto form never loads them
+    q, k, v, _, scale = inputs(2, 2, 4, 300, 32, [0, 0])
+    last = torch.tensor([100, 250])
+    for row, pos in enumerate(last.tolist()):
+        k[row, :, pos + 1:] = float("nan")
+        v[row, :, pos + 1:] = float("nan")
+    for cfg in (kernel.DEFAULT, ONE_SPLIT):
+        got = kernel.decode_attention_upto(q, k, v, last, scale, cfg)
+        assert not got.isnan().any()
+        assert rel_l2(got, ref.decode_attention_upto(q, k.nan_to_num(), v.nan_to_num(), last, scale)) <= (
+            tolerances.ATTENTION_REL_L2)  # fmt: skip
+
+
+def test_upto_op_runs_the_triton_kernel_and_checks_inputs():
+    from fp8_fusion_pass.kernels import backends
+
+    q, k, v, _, scale = inputs(2, 2, 4, 64, 32, [63, 10])
+    last = torch.tensor([63, 10])
+    with backends.use_backend("triton"):
+        got = UPTO(q, k, v, last, scale)
+    assert rel_l2(got, ref.decode_attention_upto(q, k, v, last, scale)) <= tolerances.ATTENTION_REL_L2
+    with pytest.raises(TypeError, match="1-D int32 / int64"):
+        UPTO(q, k, v, last.float(), scale)
+    with pytest.raises(TypeError, match="1-D int32 / int64"):
+        UPTO(q, k, v, last.view(2, 1), scale)
+    with pytest.raises(ValueError, match="one entry per batch row"):
+        UPTO(q, k, v, last[:1], scale)
+    with pytest.raises(ValueError, match="k_cache and v_cache must both be"):
+        UPTO(q, k[:, :1], v[:, :1], last, scale)

@@ -121,7 +121,7 @@ def _attention_reference(q, k_cache, v_cache, positions, scale):
     return scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("impl", ["sdpa_mask", "math", "flex"])
+@pytest.mark.parametrize("impl", ["sdpa_mask", "math", "flex", "fp32"])
 def test_decode_attention_formulations_agree(impl):
     # Every decode-attention formulation is softmax attention over the visible cache slots only: slots after a
     # row's position hold huge values that would dominate if the mask were wrong.

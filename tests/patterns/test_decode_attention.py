@@ -1,5 +1,5 @@
 """decode_attention: attention spelled as plain torch at decode (score bmm, masked fp32 softmax, value bmm) becomes
-one ``fp8_fusion.decode_attention`` launch.
+one ``fp8_fusion.decode_attention`` launch, or ``decode_attention_upto`` where the mask is ``slot <= position``.
 
 On the CPU (the op's reference runs there): whole engine decode steps compiled with and without the rewrite, the
 online-softmax spelling Inductor makes on CUDA, and a hand-written attention (``_Attention``) whose variants each
@@ -24,6 +24,7 @@ aten = torch.ops.aten
 ALONE = dataclasses.replace(FUSIONS_ONLY, decode_attention=True)
 BF16 = torch.bfloat16
 FUSED = torch.ops.fp8_fusion.decode_attention.default
+UPTO = torch.ops.fp8_fusion.decode_attention_upto.default
 
 
 def _count(gm, target) -> int:
@@ -36,7 +37,7 @@ def test_engine_decode_step_attends_in_one_op(preset):
     with_it = _compiled_step(model, step, new_cache, FusionConfig())
     without = _compiled_step(model, step, new_cache, FusionConfig(decode_attention=False))
     assert with_it[2]["decode_attention"] == LAYERS and "decode_attention" not in without[2], with_it[2]
-    assert "fp8_fusion.decode_attention" in with_it[3] and "fp8_fusion.decode_attention" not in without[3]
+    assert "fp8_fusion.decode_attention_upto" in with_it[3] and "fp8_fusion.decode_attention" not in without[3]
     # fp32 scores and probabilities where the graph rounded both to bf16: not equal, and the fp8 quants after the
     # attention turn ulps into fp8 steps; so each compile against eager, as the model tests compare (tolerances.py)
     cache, _ = new_cache()
@@ -47,18 +48,31 @@ def test_engine_decode_step_attends_in_one_op(preset):
     assert torch.equal(with_it[1][0], without[1][0]) and torch.equal(with_it[1][LAYERS], without[1][LAYERS])
 
 
-def test_every_layer_reads_one_mask_of_one_row():
-    """The layers' masks are one computation of the positions: one node after the rewrite (one Inductor kernel per
-    step), and at one query token every row is the same, so the op reads [B, 1, 1, T], not the G-row copy."""
+def test_every_layer_reads_the_positions_and_no_mask():
+    """The engine's mask is ``slot <= position`` at one query token: every layer's op reads one [B] view of the
+    positions (no mask computed at all, a launch per layer before), and the G-row copy of the mask is gone."""
     model, _, new_cache = _engine_step("llama-tiny")
     cache, _ = new_cache()
     (gm,) = capture(lambda ids, pos: model(ids, pos, cache), torch.zeros(3, 1, dtype=torch.long),
                     torch.tensor([[5], [11], [2]]))  # fmt: skip
     r, out = run_pass(gm, ALONE)
-    fused = [n for n in out.graph.nodes if n.target is FUSED]
+    fused = [n for n in out.graph.nodes if n.target is UPTO]
     assert len(fused) == LAYERS and r.counts()["decode_attention"] == LAYERS, r.render()
+    lasts = {n.args[3] for n in fused}
+    assert len(lasts) == 1 and list(next(iter(lasts)).meta["val"].shape) == [3]
+    assert _count(out, aten.le.Tensor) == 0 and _count(out, FUSED) == 0
+
+
+def test_every_layer_reads_one_mask_of_one_row():
+    """A mask that is not ``slot <= position`` (a sliding window) goes to the op as a mask: one node for all layers
+    (one Inductor kernel per step), and at one query token the op reads [B, 1, 1, T], not the G-row copy."""
+    args = _inputs()
+    (gm,) = capture(_Layers("window"), *args)
+    r, out = run_pass(gm, ALONE)
+    fused = [n for n in out.graph.nodes if n.target is FUSED]
+    assert len(fused) == 2 and r.counts()["decode_attention"] == 2, r.render()
     masks = {n.args[3] for n in fused}
-    assert len(masks) == 1 and list(next(iter(masks)).meta["val"].shape) == [3, 1, 1, 16]
+    assert len(masks) == 1 and list(next(iter(masks)).meta["val"].shape) == [3, 1, 1, 40]
     assert _count(out, aten.le.Tensor) == 1
 
 
@@ -71,8 +85,13 @@ class _Attention(torch.nn.Module):
 
     def forward(self, q, k_cache, v_cache, positions):  # q [B, Hkv, R, D], caches [B, Hkv, T, D]
         t = k_cache.shape[2]
-        visible = (torch.arange(t) <= positions.view(-1, 1, 1, 1))  # [B, 1, 1, T]
-        s = torch.matmul(q, k_cache.transpose(-1, -2))
+        slot = torch.arange(t)
+        visible = (slot <= positions.view(-1, 1, 1, 1))  # [B, 1, 1, T]
+        if self.variant == "window":  # a sliding window: not slot <= position, so a mask
+            visible = visible & (slot > positions.view(-1, 1, 1, 1) - 8)
+        elif self.variant == "lt":  # slot < position + 1
+            visible = slot < positions.view(-1, 1, 1, 1) + 1
+        s = self._bmm(q, k_cache.transpose(-1, -2))
         if self.variant != "bf16_softmax":
             s = s.float()
         s = s * 0.125
@@ -83,8 +102,29 @@ class _Attention(torch.nn.Module):
         else:
             s = s.masked_fill(~visible, float("-inf"))
         p = s.softmax(-1).to(q.dtype)
-        o = torch.matmul(p, v_cache)
+        o = self._bmm(p, v_cache)
         return (o, s) if self.variant == "scores_read" else o
+
+    def _bmm(self, a, b):
+        if self.variant != "padded":
+            return torch.matmul(a, b)
+        # as Inductor's pad_mm writes a bmm on CUDA where padding the rows to 8 benchmarked faster
+        a3, b3 = a.reshape(-1, *a.shape[2:]), b.reshape(-1, *b.shape[2:])
+        pad = a3.new_zeros(a3.shape[0], 8 - a3.shape[1] % 8, a3.shape[2])
+        out = torch.bmm(torch.cat([a3, pad], 1), b3)[:, : a3.shape[1]]
+        return out.reshape(*a.shape[:3], b.shape[-1])
+
+
+class _Layers(torch.nn.Module):
+    """Two attentions on the same positions, as two layers of a model attend."""
+
+    def __init__(self, variant=""):
+        super().__init__()
+        self.one, self.two = _Attention(variant), _Attention(variant)
+
+    def forward(self, q, k_cache, v_cache, positions):
+        o = self.one(q, k_cache, v_cache, positions)
+        return self.two(o, k_cache, v_cache, positions)
 
 
 def _inputs(b=3, hkv=2, r=4, t=40, d=32, dtype=BF16):
@@ -94,13 +134,16 @@ def _inputs(b=3, hkv=2, r=4, t=40, d=32, dtype=BF16):
     return q, kc, torch.randn(b, hkv, t, d, generator=g).to(dtype), torch.tensor([5, 39, 17][:b])
 
 
-@pytest.mark.parametrize("variant, dtype", [("", BF16), ("keep_first", BF16), ("", torch.float16)])
-def test_a_hand_written_decode_attention_is_taken(variant, dtype):
+@pytest.mark.parametrize("variant, dtype, op", [
+    ("", BF16, UPTO), ("keep_first", BF16, UPTO), ("", torch.float16, UPTO), ("lt", BF16, UPTO),
+    ("window", BF16, FUSED), ("padded", BF16, UPTO),
+])  # fmt: skip
+def test_a_hand_written_decode_attention_is_taken(variant, dtype, op):
     m, args = _Attention(variant), _inputs(dtype=dtype)
     (gm,) = capture(m, *args)
     r, out = run_pass(gm, ALONE)
     assert r.counts()["decode_attention"] == 1 and not r.errors, r.render()
-    assert _count(out, FUSED) == 1 and _count(out, aten.bmm.default) == 0
+    assert _count(out, op) == 1 and _count(out, aten.bmm.default) == 0
     got, counts = compile_model(m, args, FusionConfig())
     assert counts["decode_attention"] == 1
     with torch.no_grad():
@@ -136,7 +179,7 @@ def test_the_online_softmax_spelling_is_taken():
     assert _count(gm, decode_attention.ONLINE_SOFTMAX) == 1 and _count(gm, aten.amax.default) == 0
     r, out = run_pass(gm, ALONE)
     assert r.counts()["decode_attention"] == 1 and not r.errors, r.render()
-    assert _count(out, FUSED) == 1 and _count(out, decode_attention.ONLINE_SOFTMAX) == 0
+    assert _count(out, UPTO) == 1 and _count(out, decode_attention.ONLINE_SOFTMAX) == 0
 
 
 @pytest.mark.parametrize("variant, reason", [
@@ -148,7 +191,7 @@ def test_guards_keep_the_gemms(variant, reason):
     (gm,) = capture(_Attention(variant), *_inputs())
     r, out = run_pass(gm, ALONE)
     assert "decode_attention" not in r.counts() and r.rejection_reasons() == {reason: 1}, r.render()
-    assert _count(out, aten.bmm.default) == 2 and _count(out, FUSED) == 0
+    assert _count(out, aten.bmm.default) == 2 and _count(out, FUSED) + _count(out, UPTO) == 0
     assert guards.REASONS[reason]
 
 
@@ -197,3 +240,15 @@ def test_not_a_softmax_is_no_candidate():
     r, _ = run_pass(gm, ALONE)
     assert "decode_attention" not in r.counts() and not r.rejection_reasons(), r.render()
 
+
+
+def test_a_candidate_that_cannot_be_read_is_reported(monkeypatch):
+    # past the softmax a site is a candidate: whatever stops the match is a rejection with its reason, not silence
+    def unreadable(*_):
+        raise AttributeError("'NoneType' object has no attribute 'dim'")
+
+    monkeypatch.setattr(decode_attention, "_scaled", unreadable)
+    (gm,) = capture(_Attention(), *_inputs())
+    r, out = run_pass(gm, ALONE)
+    assert r.rejection_reasons() == {"attention_not_plain": 1}, r.render()
+    assert "could not be read (AttributeError" in r.render() and _count(out, aten.bmm.default) == 2

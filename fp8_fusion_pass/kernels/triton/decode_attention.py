@@ -16,6 +16,9 @@ With more than one split, each program writes its fp32 partial (acc, max, sum), 
 kv head) counter (``_small_m_kernels._last_arrival``), and the program that arrives last merges the splits in split
 order: the result does not depend on scheduling. With ``trim`` a first pass over the program's mask finds the last
 key any row may see, and the keys after it (the cache slots past every position) are not read.
+``decode_attention_upto`` (the mask a decode step builds, ``slot <= position``, given as the positions) needs no
+such pass and no mask at all: the key loop ends at ``last[b]``, so a 4096-slot cache at position 500 reads 501
+keys, and no mask is written or read.
 
 Numerics: scores are fp32 dot products of the bf16 / fp16 q and k (exact products, fp32 sums), times ``scale`` in
 fp32; softmax in fp32; ``p`` is rounded to the value dtype for the p @ v MMA (fp32 sums), the division by the sum
@@ -51,16 +54,21 @@ class AttentionConfig:
 DEFAULT = AttentionConfig()
 # (largest batch x kv heads, config), by measurement: ``benchmarks/attention_decode.py --sweep`` on the H200
 # (2026-12-03, Qwen3-8B / Llama-3.1-8B heads, 4 rows per kv head, 576 cache slots, 512 visible; docs/benchmarks.md,
-# "Decode attention in one launch"). Up to 256 pairs (batch 32) 128-key tiles on 8 warps, a split per 128 keys while
-# the kv heads alone leave SMs idle; above, 64-key tiles on 4 warps, one program per kv head.
+# "Decode attention in one launch"). Up to 64 pairs (batch 8) 128-key tiles on 8 warps, a split per 128 keys while
+# the kv heads alone leave SMs idle; at 256 (batch 32) 64-key tiles, at 512 (batch 64) 32-key tiles, on 4 warps
+# with 3 stages (more loads in flight per program once every SM has its kv heads), one program per kv head. The
+# sizes between the measured ones take the next measured row.
 TABLE: tuple[tuple[int, AttentionConfig], ...] = (
-    (256, AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1, trim=False)),
-    (1 << 62, AttentionConfig(block_t=64, num_warps=4, num_stages=2, programs=1, trim=False)),
+    (64, AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1, trim=False)),
+    (256, AttentionConfig(block_t=64, num_warps=4, num_stages=3, programs=1, trim=False)),
+    (1 << 62, AttentionConfig(block_t=32, num_warps=4, num_stages=3, programs=1, trim=False)),
 )
 
 
 def config_for(pairs: int) -> AttentionConfig:
     return next(cfg for most, cfg in TABLE if pairs <= most)
+
+
 MAX_SPLITS = 16  # the merge unrolls over the splits
 
 
@@ -82,6 +90,7 @@ def _decode_attention_kernel(
     SPLITS: tl.constexpr,  # programs per (batch row, kv head); above 1 they write partials, the last merges them
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
     TRIM: tl.constexpr,  # a pass over the mask first: the keys after the last one any row sees are not read
+    UPTO: tl.constexpr,  # keep_ptr is last [B]: row b sees slots 0..last[b] (no mask read; the loop ends there)
     EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
 ):  # fmt: skip
     pair = tl.program_id(0)
@@ -100,10 +109,13 @@ def _decode_attention_kernel(
     keep_base = keep_ptr + b * smb + h * smh + rows[:, None] * smr
     lo = split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, T)
+    if UPTO:
+        last_b = tl.load(keep_ptr + b * smb)
+        hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    if TRIM:  # the mask is R bytes per key, the cache 4 * D: reading it twice costs little, reading hidden keys much
+    if TRIM and not UPTO:  # the mask is R bytes per key, the cache 4 * D: reading it twice costs little, reading hidden keys much
         last = lo - 1
         for start in range(lo, hi, BLOCK_T):
             t = start + tl.arange(0, BLOCK_T)
@@ -113,7 +125,10 @@ def _decode_attention_kernel(
     for start in range(lo, hi, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         t_ok = t < hi
-        keep = tl.load(keep_base + t[None, :] * smt, mask=row_ok[:, None] & t_ok[None, :], other=0) != 0
+        if UPTO:
+            keep = t_ok[None, :]  # hi is at most last + 1
+        else:
+            keep = tl.load(keep_base + t[None, :] * smt, mask=row_ok[:, None] & t_ok[None, :], other=0) != 0
         # No branch around the loads (it would stop the loop's software pipelining): K and V are issued together.
         k = tl.load(k_base + t[None, :] * skt + cols[:, None] * skd, mask=col_ok[:, None] & t_ok[None, :],
                     other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
@@ -176,6 +191,20 @@ def plan(pairs: int, t: int, sms: int, cfg: AttentionConfig = DEFAULT) -> tuple[
 def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConfig | None = None) -> torch.Tensor:
     """``reference.decode_attention`` in one launch; inputs validated by the op (``ops.py``). ``keep`` may
     broadcast over the batch, the kv heads and the rows (size-1 dims read with stride 0)."""
+    b, hkv, r, _ = q.shape
+    keep = keep.expand(b, hkv, r, k_cache.shape[2])  # a view: broadcast dims get stride 0
+    if keep.dtype == torch.bool:
+        keep = keep.view(torch.uint8)  # same bytes; Triton loads bool pointers as int1 from bytes all the same
+    return _launch(q, k_cache, v_cache, keep, keep.stride(), scale, cfg, upto=False)
+
+
+def decode_attention_upto(q, k_cache, v_cache, last, scale: float, cfg: AttentionConfig | None = None) -> torch.Tensor:
+    """``reference.decode_attention_upto`` in one launch: the same kernel, reading ``last[b]`` instead of a mask
+    and no key after it."""
+    return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True)
+
+
+def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool) -> torch.Tensor:
     b, hkv, r, d = q.shape
     t = k_cache.shape[2]
     out = torch.empty((b, hkv, r, d), dtype=q.dtype, device=q.device)
@@ -183,9 +212,6 @@ def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConf
     cfg = cfg or config_for(pairs)
     if out.numel() == 0:
         return out
-    keep = keep.expand(b, hkv, r, t)  # a view: broadcast dims get stride 0
-    if keep.dtype == torch.bool:
-        keep = keep.view(torch.uint8)  # same bytes; Triton loads bool pointers as int1 from bytes all the same
     block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
     block_d = max(16, triton.next_power_of_2(d))
     splits, per = plan(pairs, t, _sm_count(q.device), cfg)
@@ -197,11 +223,11 @@ def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConf
         part = torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=q.device)
         ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
     _decode_attention_kernel[(pairs, splits)](
-        q, k_cache, v_cache, keep, out, part, ml, out if counters is None else counters,
+        q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters,
         hkv, r, t, per, float(scale),
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *keep.stride(), *out.stride(),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), TRIM=cfg.trim,
+        BLOCK_S=triton.next_power_of_2(splits), TRIM=cfg.trim and not upto, UPTO=upto,
         EMULATE_CAST=arch.triton_interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
