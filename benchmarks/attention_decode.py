@@ -15,6 +15,8 @@ against the fp32 math reference:
   grouped q and mask: the kernel the ``decode_attention`` rewrite swaps in;
 - ``fused_upto``: ``fp8_fusion::decode_attention_upto`` on the positions themselves (no mask; the key loop ends
   at the position): what the rewrite swaps in for the engine's ``slot <= position`` mask;
+- ``upto+quant`` / ``upto_quant``: the upto op then ``group_quant`` of its output (the o_proj's input quant, two
+  launches), against ``decode_attention_upto_quant`` (one); their error is that of the dequantized output;
 - ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed.
 
 ``--sweep`` times every ``AttentionConfig`` of ``SWEEP`` on the kernel alone (20 calls per CUDA graph, so the
@@ -64,8 +66,19 @@ def fused_upto(q, k_cache, v_cache, positions, scale):
     return o.reshape(b, h, s, d)
 
 
+def upto_quant(q, k_cache, v_cache, positions, scale, fused: bool):
+    b, h, _, d = q.shape
+    hkv = k_cache.shape[1]
+    args = (q.reshape(b, hkv, h // hkv, d), k_cache, v_cache, positions.reshape(b), scale)
+    if fused:
+        return torch.ops.fp8_fusion.decode_attention_upto_quant(*args, 128)
+    return torch.ops.fp8_fusion.group_quant(torch.ops.fp8_fusion.decode_attention_upto(*args), 128)
+
+
 def compiled(impl: str, scale: float):
     torch._dynamo.reset()
+    if impl in ("upto+quant", "upto_quant"):
+        return torch.compile(lambda q, kc, vc, pos: upto_quant(q, kc, vc, pos, scale, impl == "upto_quant"))
     if impl in ("fused", "fused_upto"):
         op = fused if impl == "fused" else fused_upto
         return torch.compile(lambda q, kc, vc, pos: op(q, kc, vc, pos, scale))
@@ -122,7 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
-    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,math+pass")
+    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,upto+quant,upto_quant,"
+                                      "math+pass")
     p.add_argument("--sweep", action="store_true", help="time SWEEP's kernel configs instead (the upto form)")
     p.add_argument("--sweep-mask", action="store_true", help="with --sweep: the mask form")
     args = p.parse_args(argv)
@@ -146,6 +160,8 @@ def main(argv=None) -> int:
                 fn = compiled(impl, d**-0.5)
                 graph, out = capture(fn, (q, k_cache, v_cache, positions))
                 us = time_replays(graph, 200) * 1e3
+                if isinstance(out, (tuple, list)):  # fp8 and its scales: the dequantized output
+                    out = (out[0].float() * out[1]).reshape(want.shape)
                 err = ((out.float() - want.float()).norm() / want.float().norm()).item()
                 rows.append([batch, impl, f"{us:.1f}", f"{roof_us:.2f}", f"{us / roof_us:.1f}x", f"{err:.1e}"])
             except Exception as e:  # report and go on: one formulation failing must not hide the others

@@ -26,6 +26,8 @@ Outputs (``x [..., K]``, ``g = group_size``):
   qk_rope_cache(q, k, cos, sin, v, positions, k_cache!, v_cache!) -> q     (the same, without norms)
   decode_attention(q [B,Hkv,R,D], k_cache [B,Hkv,T,D], v_cache, keep [B|1,Hkv|1,R|1,T] bool, scale) -> o [B,Hkv,R,D]
   decode_attention_upto(q, k_cache, v_cache, last [B] int, scale) -> o: keep = slot <= last[b], every row
+  decode_attention_upto_quant(q, k_cache, v_cache, last, scale, g) -> (o_q [B,Hkv,R,D] fp8, scale [B,Hkv,R,D/g])
+                                                     (group_quant of decode_attention_upto's output, one launch)
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -426,6 +428,29 @@ def decode_attention_upto(q: Tensor, k_cache: Tensor, v_cache: Tensor, last: Ten
 def _(q, k_cache, v_cache, last, scale):
     _check_decode_attention("decode_attention_upto", q, k_cache, v_cache, scale, last=last)
     return q.new_empty(q.shape)
+
+
+def _check_attention_quant(op, q, k_cache, v_cache, last, scale, group_size):
+    _check_decode_attention(op, q, k_cache, v_cache, scale, last=last)
+    d = q.shape[-1]
+    if not isinstance(group_size, int) or group_size <= 0 or d % group_size or d & (d - 1):
+        raise ValueError(f"{op}: the head dim must be a power of two and a multiple of the group size; got head dim "
+                         f"{d}, group size {group_size}")
+
+
+@custom_op(f"{NS}::decode_attention_upto_quant", mutates_args=())
+def decode_attention_upto_quant(q: Tensor, k_cache: Tensor, v_cache: Tensor, last: Tensor, scale: float,
+                                group_size: int) -> tuple[Tensor, Tensor]:
+    """``group_quant(decode_attention_upto(...), group_size)`` in one launch: the output rounded to q's dtype, then
+    quantized per 1 x group_size group of each row, as the o_proj's input quant would (bit for bit that pair)."""
+    _check_attention_quant("decode_attention_upto_quant", q, k_cache, v_cache, last, scale, group_size)
+    return _kernel("decode_attention_upto_quant", q)(q, k_cache, v_cache, last, scale, group_size)
+
+
+@decode_attention_upto_quant.register_fake
+def _(q, k_cache, v_cache, last, scale, group_size):
+    _check_attention_quant("decode_attention_upto_quant", q, k_cache, v_cache, last, scale, group_size)
+    return _quant_outputs(q, group_size)
 
 
 # ---------------------------------------------------------------- mutating (the zero-fill case)

@@ -42,6 +42,10 @@ def group_quant_blockscale_mm(x, w_q, w_scale, out_dtype, group_size):
     return ref.group_quant_blockscale_mm(x, w_q, w_scale, out_dtype, group_size, *_fp8(x))
 
 
+def decode_attention_upto_quant(q, k_cache, v_cache, last, scale, group_size):
+    return group_quant(ref.decode_attention_upto(q, k_cache, v_cache, last, scale), group_size)
+
+
 def dynamic_per_tensor_quant(out, x, scale):
     # Overwrites ``scale`` (never reads it): the scale-semantics registry records this op as "overwrites".
     q, s = ref.per_tensor_quant(x, *_fp8(x))
@@ -70,4 +74,5 @@ def kernels() -> dict:
         "dynamic_per_tensor_quant": dynamic_per_tensor_quant,
         "decode_attention": ref.decode_attention,
         "decode_attention_upto": ref.decode_attention_upto,
+        "decode_attention_upto_quant": decode_attention_upto_quant,
     }

@@ -46,6 +46,7 @@ prims = torch.ops.prims
 NAME = "decode_attention"
 FUSED = torch.ops.fp8_fusion.decode_attention.default
 FUSED_UPTO = torch.ops.fp8_fusion.decode_attention_upto.default
+FUSED_UPTO_QUANT = torch.ops.fp8_fusion.decode_attention_upto_quant.default
 MAX_ROWS = 16  # query rows per kv head the rewrite takes (one MMA tile): decode, G heads x a few tokens
 CONVERT = prims.convert_element_type.default
 HALF = (torch.bfloat16, torch.float16)
@@ -303,6 +304,51 @@ def _upto(keep: Node) -> tuple[Node, int] | None:
     return pos, offset
 
 
+def _in_order(node: Node) -> bool:
+    """``node`` keeps its input's elements in row-major order: a reshape, or a permute that moves only size-1
+    dims (the engine's o.transpose(1, 2) at one token)."""
+    if _op(node, *_graph.RESHAPES):
+        return True
+    if not _op(node, aten.permute.default):
+        return False
+    sizes = _graph.val(node.args[0]).shape
+    moved = [d for d in node.args[1] if not statically_known_true(sizes[d] == 1)]
+    return moved == sorted(moved)
+
+
+def _fold_quant(graph: Graph, op: Node) -> bool:
+    """The o_proj's input quant into the attention's launch: ``group_quant(x, g)`` where x is ``op``'s output
+    through reshapes and size-1 permutes read by nothing else becomes ``decode_attention_upto_quant``'s outputs,
+    reshaped to what the quant returned. Bit for bit the pair (the op rounds its output first, as the pair did)."""
+    node, chain = op, []
+    while len(node.users) == 1:
+        (user,) = node.users
+        if _op(user, _graph.GROUP_QUANT):
+            break
+        if not _in_order(user):
+            return False
+        chain.append(user)
+        node = user
+    else:
+        return False
+    quant = next(iter(node.users))
+    group = quant.args[1] if len(quant.args) > 1 else quant.kwargs.get("group_size", _ops.DEFAULT_GROUP_SIZE)
+    d, x = _graph.val(op).shape[-1], _graph.val(node)
+    if not (isinstance(group, int) and d % group == 0 and d & (d - 1) == 0 and x.shape[-1] % group == 0):
+        return False
+    qs, ss = _graph.quant_outputs(quant)
+    if len(qs) + len(ss) != len(quant.users):
+        return False
+    with _graph.Edit(graph, before=quant) as e:
+        both = e.call(FUSED_UPTO_QUANT, *op.args, group)
+        q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), list(x.shape))
+        sc = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*x.shape[:-1], x.shape[-1] // group])
+    for old, new in [(n, q) for n in qs] + [(n, sc) for n in ss]:
+        old.replace_all_uses_with(new)
+    _graph.erase_dead(graph, [*qs, *ss, quant, *chain, op])
+    return True
+
+
 def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     """``masks``: structural key -> the keep mask (or ``last``) an earlier site of this graph passed its op. Every
     layer builds the same mask from the same positions; one node for all of them is one Inductor kernel per step
@@ -339,7 +385,8 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     m.out.replace_all_uses_with(out)
     _graph.erase_dead(graph, [n for n in m.nodes if n not in (m.k_cache, m.v_cache)] + [m.mask])
     seen = "slots up to each batch row's position (no mask, no slot after it read)" if upto else "a mask"
-    return f"{r} query rows per kv head over a {t}-slot cache, {seen}, scale {m.scale:.6g}: one launch"
+    quant = " and the quant of its output" if upto is not None and _fold_quant(graph, o) else ""
+    return f"{r} query rows per kv head over a {t}-slot cache, {seen}, scale {m.scale:.6g}{quant}: one launch"
 
 
 def run(graph: Graph, report) -> None:

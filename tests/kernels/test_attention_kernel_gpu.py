@@ -49,6 +49,21 @@ def test_every_swept_config(cfg):
     assert rel_l2(got, want) <= tolerances.ATTENTION_REL_L2 and rel_l2(upto, want) <= tolerances.ATTENTION_REL_L2
 
 
+@pytest.mark.parametrize("b", [1, 8, 64])
+def test_upto_quant_is_the_op_then_group_quant(b):
+    # the same kernel with the quant in its epilogue: each row (one head, D = 128) one group; compared after
+    # dequantizing, since the two compiles of the kernel may round the bf16 output an ulp apart (as upto vs mask did)
+    from fp8_fusion_pass.kernels.triton.group_quant import group_quant
+
+    positions = [(575 - 7 * i) % 576 for i in range(b)]
+    q, k, v, _, scale = inputs(b, 8, 4, 576, 128, positions, "cuda")
+    last = torch.tensor(positions, device="cuda")
+    want_q, want_s = group_quant(kernel.decode_attention_upto(q, k, v, last, scale), 128)
+    got_q, got_s = kernel.decode_attention_upto_quant(q, k, v, last, scale, 128)
+    assert got_q.dtype == want_q.dtype and got_s.shape == want_s.shape == (b, 8, 4, 1)
+    assert rel_l2(got_q.float() * got_s, want_q.float() * want_s) <= 1e-2
+
+
 def test_in_cuda_graph_replays_with_the_merge():
     q, k, v, keep, scale = inputs(1, 8, 4, 576, 128, [511], "cuda")
     last = torch.tensor([511], device="cuda")

@@ -162,3 +162,34 @@ def test_upto_op_runs_the_triton_kernel_and_checks_inputs():
         UPTO(q, k, v, last[:1], scale)
     with pytest.raises(ValueError, match="k_cache and v_cache must both be"):
         UPTO(q, k[:, :1], v[:, :1], last, scale)
+
+
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT], ids=str)
+@pytest.mark.parametrize("d, group_size", [(128, 128), (64, 32)])
+def test_upto_quant_is_the_op_then_group_quant_bit_for_bit(cfg, d, group_size):
+    # the o_proj's input quant in the attention's own launch: the rounded output, then group_quant's steps
+    from fp8_fusion_pass.kernels.triton.group_quant import group_quant
+
+    q, k, v, _, scale = inputs(3, 2, 4, 200, d, [0, 0, 0])
+    last = torch.tensor([199, 37, 128])
+    o = kernel.decode_attention_upto(q, k, v, last, scale, cfg)
+    want_q, want_s = group_quant(o, group_size)
+    got_q, got_s = kernel.decode_attention_upto_quant(q, k, v, last, scale, group_size, cfg)
+    assert got_q.dtype == want_q.dtype and got_q.shape == o.shape and got_s.shape == (3, 2, 4, d // group_size)
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(got_s, want_s)
+
+
+def test_upto_quant_op_checks_the_group():
+    from fp8_fusion_pass.kernels import backends, reference_backend
+
+    q, k, v, _, scale = inputs(1, 2, 4, 64, 128, [0])
+    last = torch.tensor([50])
+    op = torch.ops.fp8_fusion.decode_attention_upto_quant
+    with backends.use_backend("triton"):
+        got_q, got_s = op(q, k, v, last, scale, 128)
+    want_q, want_s = reference_backend.decode_attention_upto_quant(q, k, v, last, scale, 128)
+    assert rel_l2(got_q.float() * got_s, want_q.float() * want_s) <= tolerances.ATTENTION_REL_L2 + 2**-4
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        op(q, k, v, last, scale, 96)
+    with pytest.raises(ValueError, match="power of two"):
+        op(*inputs(1, 2, 4, 64, 96, [0])[:3], last, scale, 32)

@@ -18,6 +18,7 @@ from test_rope_cache import LAYERS, _compiled_step, _engine_step
 
 from fp8_fusion_pass import guards
 from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.fusion_pass import FP8FusionPass
 from fp8_fusion_pass.patterns import decode_attention
 
 aten = torch.ops.aten
@@ -252,3 +253,60 @@ def test_a_candidate_that_cannot_be_read_is_reported(monkeypatch):
     r, out = run_pass(gm, ALONE)
     assert r.rejection_reasons() == {"attention_not_plain": 1}, r.render()
     assert "could not be read (AttributeError" in r.render() and _count(out, aten.bmm.default) == 2
+
+
+class _AttentionThenQuant(torch.nn.Module):
+    """The engine's decode attention, its output laid out as the o_proj reads it, and the o_proj's input quant."""
+
+    def __init__(self, tokens=1):
+        super().__init__()
+        self.tokens = tokens
+
+    def forward(self, q, k_cache, v_cache, positions):
+        o = _Attention()(q, k_cache, v_cache, positions)  # [B, Hkv, G x S, D]
+        b, hkv, rows, d = o.shape
+        s = self.tokens
+        x = o.reshape(b, hkv * rows // s, s, d).transpose(1, 2)  # [B, S, H, D], as the engine's o_proj input
+        return torch.ops.fp8_fusion.group_quant(x, 128)
+
+
+def _compiled(module, args):
+    torch._dynamo.reset()
+    opts = {"post_grad_custom_post_pass": FP8FusionPass(ALONE), "fx_graph_cache": False}
+    with torch.no_grad():
+        out = torch.compile(module, options=opts)(*args)
+    torch._dynamo.reset()
+    return out
+
+
+def test_the_o_proj_quant_joins_the_launch_bit_for_bit(monkeypatch):
+    args = _inputs(d=128)
+    (gm,) = capture(_AttentionThenQuant(), *args)
+    r, out = run_pass(gm, ALONE)
+    assert _count(out, decode_attention.FUSED_UPTO_QUANT) == 1 and _count(out, UPTO) == 0, r.render()
+    assert _count(out, torch.ops.fp8_fusion.group_quant.default) == 0
+    assert "quant of its output" in next(d.detail for d in r.applied if d.pattern == "decode_attention")
+    got_q, got_s = _compiled(_AttentionThenQuant(), args)
+    monkeypatch.setattr(decode_attention, "_fold_quant", lambda *_: False)
+    want_q, want_s = _compiled(_AttentionThenQuant(), args)  # the op, then group_quant
+    assert got_q.shape == want_q.shape == (3, 1, 8, 128) and got_s.shape == want_s.shape == (3, 1, 8, 1)
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(got_s, want_s)
+
+
+def test_the_quant_stays_when_the_layout_reorders_the_rows():
+    # two tokens: o_proj reads (token, head) order, the op writes (head, token): the quant cannot be the op's
+    (gm,) = capture(_AttentionThenQuant(tokens=2), *_inputs(r=8, d=128))
+    r, out = run_pass(gm, ALONE)
+    assert _count(out, UPTO) == 1 and _count(out, decode_attention.FUSED_UPTO_QUANT) == 0, r.render()
+
+
+def test_the_quant_stays_when_the_output_is_read_elsewhere():
+    class AlsoRead(_AttentionThenQuant):
+        def forward(self, q, k_cache, v_cache, positions):
+            o = _Attention()(q, k_cache, v_cache, positions)
+            x = o.reshape(o.shape[0], 1, -1)
+            return torch.ops.fp8_fusion.group_quant(x, 128), o.sum()
+
+    (gm,) = capture(AlsoRead(), *_inputs(d=128))
+    r, out = run_pass(gm, ALONE)
+    assert _count(out, UPTO) == 1 and _count(out, decode_attention.FUSED_UPTO_QUANT) == 0, r.render()

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ... import arch
-from ._fp8 import round_to, to_fp32
+from ._fp8 import group_quant_tile, kernel_constexprs, round_to, to_fp32
 from ._small_m_kernels import _last_arrival, tile_counters
 
 
@@ -82,8 +82,25 @@ def _mma_operand(x, EMULATE_CAST: tl.constexpr):
 
 
 @triton.jit
+def _store(o, o_ptrs, out_mask, s_ptrs, row_ok, q_ptr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+           EMULATE_CAST: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr, FP8_MAX: tl.constexpr,
+           FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr):
+    """The fp32 output ``o [BLOCK_R, BLOCK_D]`` rounded to q's dtype; with ``QUANT`` then quantized per G columns
+    from those rounded values (``group_quant``'s steps, so bit for bit the op followed by ``group_quant``)."""
+    y = round_to(o, q_ptr.dtype.element_ty, EMULATE_CAST)
+    if QUANT:  # D == BLOCK_D here (the op checks it): each row is D / G whole groups
+        y = tl.where(row_ok[:, None], to_fp32(y, EMULATE_CAST), 0.0)  # rows past R: 0, as group_quant_tile needs
+        q, scale = group_quant_tile(tl.reshape(y, [BLOCK_R, BLOCK_D // G, G]), o_ptrs.dtype.element_ty, FP8_MAX,
+                                    FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+        tl.store(o_ptrs, tl.reshape(q, [BLOCK_R, BLOCK_D]), mask=out_mask)
+        tl.store(s_ptrs[:, None] + tl.arange(0, BLOCK_D // G)[None, :], scale, mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, y, mask=out_mask)
+
+
+@triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, keep_ptr, o_ptr, part_ptr, ml_ptr, cnt_ptr,
+    q_ptr, k_ptr, v_ptr, keep_ptr, o_ptr, part_ptr, ml_ptr, cnt_ptr, s_ptr,
     HKV, R, T, keys_per_split, scale,
     sqb, sqh, sqr, sqd, skb, skh, skt, skd, svb, svh, svt, svd, smb, smh, smr, smt, sob, soh, sor, sod,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -92,6 +109,8 @@ def _decode_attention_kernel(
     TRIM: tl.constexpr,  # a pass over the mask first: the keys after the last one any row sees are not read
     UPTO: tl.constexpr,  # keep_ptr is last [B]: row b sees slots 0..last[b] (no mask read; the loop ends there)
     EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
+    QUANT: tl.constexpr,  # o_ptr is fp8 and s_ptr its scales [B, Hkv, R, D / G]: the output rounded, then group-quantized
+    G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -146,7 +165,8 @@ def _decode_attention_kernel(
     out_mask = row_ok[:, None] & col_ok[None, :]
     o_ptrs = o_ptr + b * sob + h * soh + rows[:, None] * sor + cols[None, :] * sod
     if SPLITS == 1:  # a row that saw nothing: 0 / 0 = NaN, as softmax over nothing
-        tl.store(o_ptrs, round_to(acc / l_i[:, None], o_ptr.dtype.element_ty, EMULATE_CAST), mask=out_mask)
+        _store(acc / l_i[:, None], o_ptrs, out_mask, s_ptr + (pair * R + rows) * (D // G), row_ok, q_ptr,
+               BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
     else:
         part = part_ptr + pair * SPLITS * BLOCK_R * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
         ml = ml_ptr + pair * SPLITS * 2 * BLOCK_R
@@ -167,7 +187,8 @@ def _decode_attention_kernel(
             for i in tl.static_range(SPLITS):  # split order, whichever program came last
                 w_i = tl.sum(tl.where(sp[:, None] == i, w, 0.0), 0)
                 o += w_i[:, None] * tl.load(part + i * BLOCK_R * BLOCK_D, cache_modifier=".cg")
-            tl.store(o_ptrs, round_to(o / l_all[:, None], o_ptr.dtype.element_ty, EMULATE_CAST), mask=out_mask)
+            _store(o / l_all[:, None], o_ptrs, out_mask, s_ptr + (pair * R + rows) * (D // G), row_ok, q_ptr,
+                   BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
             tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
 
 
@@ -204,14 +225,25 @@ def decode_attention_upto(q, k_cache, v_cache, last, scale: float, cfg: Attentio
     return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True)
 
 
-def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool) -> torch.Tensor:
+def decode_attention_upto_quant(q, k_cache, v_cache, last, scale: float, group_size: int,
+                                cfg: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``decode_attention_upto`` then ``group_quant`` of its output, in its one launch: ``(o_q fp8, scales
+    [B, Hkv, R, D / group_size])``."""
+    return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
+                   group_size=group_size)  # fmt: skip
+
+
+def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, group_size: int = 0):
     b, hkv, r, d = q.shape
     t = k_cache.shape[2]
-    out = torch.empty((b, hkv, r, d), dtype=q.dtype, device=q.device)
+    fp8 = kernel_constexprs(q.device)
+    quant = group_size > 0
+    out = torch.empty((b, hkv, r, d), dtype=arch.arch_of(q.device).fp8_dtype if quant else q.dtype, device=q.device)
+    scales = torch.empty((b, hkv, r, d // group_size if quant else 0), dtype=torch.float32, device=q.device)
     pairs = b * hkv
     cfg = cfg or config_for(pairs)
     if out.numel() == 0:
-        return out
+        return (out, scales) if quant else out
     block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
     block_d = max(16, triton.next_power_of_2(d))
     splits, per = plan(pairs, t, _sm_count(q.device), cfg)
@@ -223,12 +255,13 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool) -> 
         part = torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=q.device)
         ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
     _decode_attention_kernel[(pairs, splits)](
-        q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters,
+        q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
         hkv, r, t, per, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), TRIM=cfg.trim and not upto, UPTO=upto,
-        EMULATE_CAST=arch.triton_interpreting(),
+        EMULATE_CAST=fp8["EMULATE_CAST"], QUANT=quant, G=group_size if quant else d, FP8_MAX=fp8["FP8_MAX"],
+        FP8_MIN_EXP=fp8["FP8_MIN_EXP"], FNUZ=fp8["FNUZ"], PTX=fp8["PTX"],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return out
+    return (out, scales) if quant else out
