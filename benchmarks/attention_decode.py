@@ -41,8 +41,8 @@ from decode import capture, log, time_replays  # noqa: E402
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
-SWEEP = [kernel.AttentionConfig(bt, w, st, p, trim) for bt in (32, 64, 128) for w in (4, 8) for st in (2, 3)
-         for p in (0, 1, 2) for trim in (True, False)]  # fmt: skip (programs 0: one split per kv head)
+SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (32, 64, 128) for w in (4, 8) for st in (2, 3)
+         for p in (0, 1, 2)]  # fmt: skip (programs 0: one split per kv head)
 
 
 def fused(q, k_cache, v_cache, positions, scale):
@@ -92,7 +92,7 @@ def compiled(impl: str, scale: float):
 
 def sweep(batches, context: int, max_seq: int, mask: bool) -> None:
     """Every SWEEP config on the kernel alone, per batch: us per call, the best first. ``mask``: the mask form
-    (else the upto form, where ``trim`` means nothing: those configs are skipped)."""
+    (else the upto form)."""
     from tabulate import tabulate
 
     hkv, r, d = 8, 4, 128
@@ -106,7 +106,7 @@ def sweep(batches, context: int, max_seq: int, mask: bool) -> None:
             torch.full((batch,), context, device="cuda"))  # fmt: skip
         call = kernel.decode_attention if mask else kernel.decode_attention_upto
         times = []
-        for cfg in SWEEP if mask else [c for c in SWEEP if not c.trim]:
+        for cfg in SWEEP:
             graph, _ = capture(lambda *a, cfg=cfg, call=call: [call(*a, d**-0.5, cfg) for _ in range(20)],
                                (q, k_cache, v_cache, seen))  # fmt: skip
             times.append((time_replays(graph, 20) * 1e3 / 20, cfg))

@@ -25,7 +25,7 @@ OP = torch.ops.fp8_fusion.decode_attention
 ONE_SPLIT = kernel.AttentionConfig(programs=0)
 
 
-@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT, kernel.AttentionConfig(block_t=32, trim=False)],
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT, kernel.AttentionConfig(block_t=32)],
                          ids=str)
 @pytest.mark.parametrize("b, hkv, r, t, d, positions", [
     (1, 2, 4, 200, 64, [150]),  # 4 programs per kv head: the merge

@@ -14,11 +14,10 @@ One program per (batch row, kv head, key split): the split's keys in ``BLOCK_T``
 (running max, sum, and the [R, D] sum of p @ v), so the cache is read once and nothing [R, T]-sized is written.
 With more than one split, each program writes its fp32 partial (acc, max, sum), takes a ticket on its (batch row,
 kv head) counter (``_small_m_kernels._last_arrival``), and the program that arrives last merges the splits in split
-order: the result does not depend on scheduling. With ``trim`` a first pass over the program's mask finds the last
-key any row may see, and the keys after it (the cache slots past every position) are not read.
-``decode_attention_upto`` (the mask a decode step builds, ``slot <= position``, given as the positions) needs no
-such pass and no mask at all: the key loop ends at ``last[b]``, so a 4096-slot cache at position 500 reads 501
-keys, and no mask is written or read.
+order: the result does not depend on scheduling. ``decode_attention_upto`` (the mask a decode step builds,
+``slot <= position``, given as the positions) reads no mask: the key loop ends at ``last[b]``, so a 4096-slot cache
+at position 500 reads 501 keys. (A first pass over a mask to find its last visible key, ``trim``, was measured on
+the H200 and removed: in no batch's top 5 of the sweep, 2026-12-03.)
 
 Numerics: scores are fp32 dot products of the bf16 / fp16 q and k (exact products, fp32 sums), times ``scale`` in
 fp32; softmax in fp32; ``p`` is rounded to the value dtype for the p @ v MMA (fp32 sums), the division by the sum
@@ -48,7 +47,6 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 2
     programs: int = 2  # split the keys until there are about this many programs per SM (never below BLOCK_T each)
-    trim: bool = True  # a first pass over the mask ends the key loop after the last key any row sees
 
 
 DEFAULT = AttentionConfig()
@@ -59,9 +57,9 @@ DEFAULT = AttentionConfig()
 # with 3 stages (more loads in flight per program once every SM has its kv heads), one program per kv head. The
 # sizes between the measured ones take the next measured row.
 TABLE: tuple[tuple[int, AttentionConfig], ...] = (
-    (64, AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1, trim=False)),
-    (256, AttentionConfig(block_t=64, num_warps=4, num_stages=3, programs=1, trim=False)),
-    (1 << 62, AttentionConfig(block_t=32, num_warps=4, num_stages=3, programs=1, trim=False)),
+    (64, AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1)),
+    (256, AttentionConfig(block_t=64, num_warps=4, num_stages=3, programs=1)),
+    (1 << 62, AttentionConfig(block_t=32, num_warps=4, num_stages=3, programs=1)),
 )
 
 
@@ -106,7 +104,6 @@ def _decode_attention_kernel(
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (batch row, kv head); above 1 they write partials, the last merges them
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
-    TRIM: tl.constexpr,  # a pass over the mask first: the keys after the last one any row sees are not read
     UPTO: tl.constexpr,  # keep_ptr is last [B]: row b sees slots 0..last[b] (no mask read; the loop ends there)
     EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
     QUANT: tl.constexpr,  # o_ptr is fp8 and s_ptr its scales [B, Hkv, R, D / G]: the output rounded, then group-quantized
@@ -134,13 +131,6 @@ def _decode_attention_kernel(
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    if TRIM and not UPTO:  # the mask is R bytes per key, the cache 4 * D: reading it twice costs little, reading hidden keys much
-        last = lo - 1
-        for start in range(lo, hi, BLOCK_T):
-            t = start + tl.arange(0, BLOCK_T)
-            keep = tl.load(keep_base + t[None, :] * smt, mask=row_ok[:, None] & (t < hi)[None, :], other=0) != 0
-            last = tl.maximum(last, tl.max(tl.where(tl.max(keep.to(tl.int32), 0) > 0, t, lo - 1)))
-        hi = last + 1
     for start in range(lo, hi, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         t_ok = t < hi
@@ -259,7 +249,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         hkv, r, t, per, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), TRIM=cfg.trim and not upto, UPTO=upto,
+        BLOCK_S=triton.next_power_of_2(splits), UPTO=upto,
         EMULATE_CAST=fp8["EMULATE_CAST"], QUANT=quant, G=group_size if quant else d, FP8_MAX=fp8["FP8_MAX"],
         FP8_MIN_EXP=fp8["FP8_MIN_EXP"], FNUZ=fp8["FNUZ"], PTX=fp8["PTX"],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
