@@ -59,6 +59,22 @@ class FusionReport:
     def error(self, pattern: str, node: str, detail: str) -> None:
         self.errors.append(Decision(pattern, node, "", "", "replacement_failed", detail))
 
+    def settle(self, pattern: str, node: str, shapes: str, dtype: str, verdict, stays: str, rewrite, *args) -> None:
+        """One candidate of a rewrite that walks the graph: a ``rejected`` entry when ``verdict`` (a guards.Verdict:
+        ok, reason, detail) says no (``stays``: what is left as it was, after the detail), else ``rewrite(*args)`` and
+        an ``applied`` entry with the detail it returns. A rewrite that raises is an ``errors`` entry: the rewrites edit
+        all or nothing (``patterns._graph.Edit``), so the graph is as it was and the other sites go on."""
+        if not verdict.ok:
+            detail = f"{verdict.detail}: {stays}" if stays else verdict.detail
+            self.reject(pattern, node, verdict.reason, detail, shapes, dtype)
+            return
+        try:
+            detail = rewrite(*args)
+        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
+            self.error(pattern, node, f"replacement raised {type(e).__name__}: {e}")
+            return
+        self.apply(pattern, node, shapes, dtype, detail)
+
     # ------------------------------------------------------------ reading
     def counts(self) -> dict:
         """Applied rewrites per pattern, plus the fills stripped and kept."""

@@ -49,3 +49,15 @@ def test_merged_sums_graphs():
 def test_render_lists_rejections_with_reasons():
     text = _sample().render()
     assert "no_quant_consumer" in text and "mul_30 feeds aten.mm" in text and "fill_other_reader" in text
+
+
+def test_settle_rejects_rewrites_or_records_the_error():
+    from fp8_fusion_pass import guards
+
+    r = report.FusionReport(graph=1)
+    r.settle("p", "a", "x[4]", "bfloat16", guards.reject("dtype_not_bf16", "fp32 input"), "left alone", str, "never")
+    r.settle("p", "b", "x[4]", "bfloat16", guards.OK, "left alone", lambda d: f"fused {d}", "once")
+    r.settle("p", "c", "x[4]", "bfloat16", guards.OK, "left alone", lambda: 1 / 0)
+    assert [(d.node, d.reason, d.detail) for d in r.rejected] == [("a", "dtype_not_bf16", "fp32 input: left alone")]
+    assert [(d.node, d.detail) for d in r.applied] == [("b", "fused once")]
+    assert [d.node for d in r.errors] == ["c"] and "ZeroDivisionError" in r.errors[0].detail

@@ -405,14 +405,5 @@ def run(graph: Graph, report) -> None:
             continue  # an operand without a fake value: not a shape we can judge
         q3, kc = _graph.val(m.q3), _graph.val(m.k_cache)
         shapes, dtype = _graph.shape_str(q=q3, k=kc), _graph.dtype_str(m.q3)
-        verdict = m.check()
-        if not verdict.ok:
-            report.reject(NAME, pv.name, verdict.reason, f"{verdict.detail}: the GEMMs and softmax stay", shapes, dtype)
-            continue
-        try:  # a site that fails to rewrite leaves the graph as it was (Edit); the other sites go on
-            detail = rewrite(graph, m, masks)
-        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-            report.error(NAME, pv.name, f"replacement raised {type(e).__name__}: {e}")
-            continue
-        report.apply(NAME, pv.name, shapes, dtype, detail)
+        report.settle(NAME, pv.name, shapes, dtype, m.check(), "the GEMMs and softmax stay", rewrite, graph, m, masks)
 

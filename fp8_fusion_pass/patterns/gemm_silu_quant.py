@@ -126,12 +126,5 @@ def run(graph: Graph, report) -> None:
             verdict = guards.reject("extra_consumer", f"{silu.name}'s (q, scale) tuple is used whole")
         else:
             verdict = _check(silu, gemm, weights, scales, chain)
-        if not verdict.ok:
-            report.reject(NAME, gemm.name, verdict.reason, f"{verdict.detail}: left as two launches", shapes, dtype)
-            continue
-        try:  # one site that fails to rewrite leaves the graph as it was (Edit) and the other sites go on
-            detail = rewrite(graph, silu, gemm, weights, scales, chain)
-        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-            report.error(NAME, gemm.name, f"replacement raised {type(e).__name__}: {e}")
-            continue
-        report.apply(NAME, gemm.name, shapes, dtype, detail)
+        report.settle(NAME, gemm.name, shapes, dtype, verdict, "left as two launches",
+                      rewrite, graph, silu, gemm, weights, scales, chain)

@@ -168,13 +168,5 @@ def run(graph: Graph, report) -> None:
             continue  # no KV copy before this attention: not a candidate
         shapes = _graph.shape_str(q=kw["query"], k=k[0])
         dtype = _graph.dtype_str(kw["query"])
-        verdict = _check(sdpa, kw, k, v)
-        if not verdict.ok:
-            report.reject(NAME, sdpa.name, verdict.reason, f"{verdict.detail}: the KV copy stays", shapes, dtype)
-            continue
-        try:  # a site that fails to rewrite leaves the graph as it was (Edit); the other sites go on
-            detail = rewrite(graph, sdpa, kw, k, v)
-        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-            report.error(NAME, sdpa.name, f"replacement raised {type(e).__name__}: {e}")
-            continue
-        report.apply(NAME, sdpa.name, shapes, dtype, detail)
+        report.settle(NAME, sdpa.name, shapes, dtype, _check(sdpa, kw, k, v), "the KV copy stays",
+                      rewrite, graph, sdpa, kw, k, v)

@@ -233,19 +233,10 @@ def pair_and_rewrite(graph: Graph, report, name: str, heads: list[Norm], rope_ca
             shapes, dtype = _graph.shape_str(q=q[0].x, k=k[0].x), _graph.dtype_str(q[0].x)
             joins = rope_cache and _cache_write.find(k[1]["out"]) is not None  # rope_cache takes it (or says why)
             verdict = guards.should_fuse_norm_rope(joins)
-            if not verdict.ok:
-                report.reject(name, q[0].out.name, verdict.reason, verdict.detail, shapes, dtype)
-                continue
-            if not _inputs_precede(q, k):
-                report.reject(name, q[0].out.name, "operand_defined_later", "an input of the pair is computed from "
-                              "one of their RoPE outputs: the two stay apart", shapes, dtype)  # fmt: skip
-                continue
-            try:
-                detail = rewrite(graph, q, k)
-            except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-                report.error(name, q[0].out.name, f"replacement raised {type(e).__name__}: {e}")
-                continue
-            report.apply(name, q[0].out.name, shapes, dtype, detail)
+            if verdict.ok and not _inputs_precede(q, k):
+                verdict = guards.reject("operand_defined_later", "an input of the pair is computed from one of their "
+                                        "RoPE outputs: the two stay apart")  # fmt: skip
+            report.settle(name, q[0].out.name, shapes, dtype, verdict, "", rewrite, graph, q, k)
         if len(sites) % 2:
             norm = sites[-1][0]
             report.reject(name, norm.out.name, "no_norm_rope_pair", "no second RoPE chain on the same cos / sin: "

@@ -107,13 +107,4 @@ def run(graph: Graph, report) -> None:
             verdict = guards.reject("consumer_not_blockscale_mm", "a reshape between the quant and its GEMM")
         else:
             verdict = _check(quant, gemms)
-        if not verdict.ok:
-            report.reject(NAME, quant.name, verdict.reason, f"{verdict.detail}: the quant stays a launch", shapes,
-                          dtype)  # fmt: skip
-            continue
-        try:  # a site that fails to rewrite leaves the graph as it was (Edit); the other sites go on
-            detail = rewrite(graph, quant, gemms)
-        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-            report.error(NAME, quant.name, f"replacement raised {type(e).__name__}: {e}")
-            continue
-        report.apply(NAME, quant.name, shapes, dtype, detail)
+        report.settle(NAME, quant.name, shapes, dtype, verdict, "the quant stays a launch", rewrite, graph, quant, gemms)

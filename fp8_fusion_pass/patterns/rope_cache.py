@@ -122,12 +122,4 @@ def run(graph: Graph, report) -> None:
         shapes = _graph.shape_str(q=rope.args[0], k=rope.args[CACHED[rope.target][1].index("k")])
         dtype = _graph.dtype_str(rope.args[0])
         verdict, writes = _check(rope, k)
-        if not verdict.ok:
-            report.reject(NAME, rope.name, verdict.reason, verdict.detail, shapes, dtype)
-            continue
-        try:  # a site that fails to rewrite leaves the graph as it was (Edit); the other sites go on
-            detail = rewrite(graph, rope, q, *writes)
-        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
-            report.error(NAME, rope.name, f"replacement raised {type(e).__name__}: {e}")
-            continue
-        report.apply(NAME, rope.name, shapes, dtype, detail)
+        report.settle(NAME, rope.name, shapes, dtype, verdict, "", rewrite, graph, rope, q, *writes)
