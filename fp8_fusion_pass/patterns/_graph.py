@@ -20,6 +20,11 @@ GROUP_QUANT = torch.ops.fp8_fusion.group_quant.default
 BLOCKSCALE_MM = torch.ops.fp8_fusion.blockscale_mm.default
 
 
+def is_call(node, *targets) -> bool:
+    """``node`` is a graph node calling one of ``targets``."""
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
 def val(node):
     """The FakeTensor (or SymInt, or tuple) a node computes; None when unknown."""
     return node.meta.get("val") if isinstance(node, Node) else node

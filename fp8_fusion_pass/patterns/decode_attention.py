@@ -39,7 +39,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import guards
 from ..kernels import ops as _ops
-from . import _graph
+from . import _decode_mask, _graph
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -56,8 +56,7 @@ class _NotPlain(Exception):
     """The subgraph is a candidate but not the plain form the op computes; the message says which step."""
 
 
-def _op(node, *targets) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+_op = _graph.is_call
 
 
 def _through_views(node: Node, chain: list[Node]) -> Node:
@@ -259,51 +258,6 @@ class Match:
         return guards.OK
 
 
-def _one_row(keep: Node) -> Node:
-    """``x`` when ``keep`` is ``reshape(expand(x [B|1, 1, 1, T], [.., G, 1, T]), [.., 1, G, T])``: every row the same
-    (the engine's mask at one query token, laid out for the G query heads of a kv head). The op reads x's one row
-    for all rows, and Inductor need not write the [.., G, T] copy, a launch per layer."""
-    expand = keep.args[0] if _op(keep, *_graph.RESHAPES) else None
-    if not _op(expand, aten.expand.default):
-        return keep
-    x, wide, out = _graph.val(expand.args[0]), _graph.val(expand), _graph.val(keep)
-    if x is None or x.dim() != 4 or wide.dim() != 4 or out.dim() != 4:
-        return keep
-    b, _, _, t = x.shape
-    if _graph.shape_is(x, (b, 1, 1, t)) and _graph.shape_is(wide, (b, wide.shape[1], 1, t)) and _graph.shape_is(
-            out, (b, 1, wide.shape[1], t)):  # fmt: skip
-        return expand.args[0]
-    return keep
-
-
-# slot <op> position, as (which argument is the slot index, what to add to the position for the last slot seen)
-_COMPARES = {aten.le.Tensor: (0, 0), aten.lt.Tensor: (0, -1), aten.ge.Tensor: (1, 0), aten.gt.Tensor: (1, -1)}
-
-
-def _upto(keep: Node) -> tuple[Node, int] | None:
-    """(P, offset) when ``keep [B, 1, 1, T]`` is ``iota(T) <= P`` (``<``: offset -1) with P an integer
-    ``[B, 1, ..]`` (one position per batch row), read through unsqueezes: batch row b sees the slots
-    ``0..P[b] + offset``. The engine form's decode mask; the op then needs neither the mask nor the slots after it."""
-    node = keep
-    while _op(node, aten.unsqueeze.default, *_graph.RESHAPES):
-        node = node.args[0]
-    if not (_op(node, *_COMPARES) and len(node.args) == 2):
-        return None
-    slot_at, offset = _COMPARES[node.target]
-    iota, pos = node.args[slot_at], node.args[1 - slot_at]
-    kept, out, p = _graph.val(keep), _graph.val(node), _graph.val(pos)
-    if not (_op(iota, prims.iota.default) and iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1):
-        return None
-    if not (isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool):
-        return None
-    b, t = kept.shape[0], kept.shape[-1]
-    ones = (1,) * (out.dim() - 2)
-    if not (_graph.shape_is(kept, (b, 1, 1, t)) and _graph.shape_is(out, (b, *ones, t))
-            and _graph.shape_is(p, (b, *ones, 1))):  # fmt: skip
-        return None
-    return pos, offset
-
-
 def _in_order(node: Node) -> bool:
     """``node`` keeps its input's elements in row-major order: a reshape, or a permute that moves only size-1
     dims (the engine's o.transpose(1, 2) at one token)."""
@@ -358,12 +312,12 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     r = _graph.val(m.q3).shape[1]
     upto = None
     if m.hides and _op(m.mask, aten.bitwise_not.default):
-        keep = _one_row(m.mask.args[0])
-        upto = _upto(keep)
+        keep = _decode_mask.one_row(m.mask.args[0])
+        upto = _decode_mask.upto(keep)
         key = _graph.structural_key(keep)
     elif not m.hides:
-        keep = _one_row(m.mask)
-        upto = _upto(keep)
+        keep = _decode_mask.one_row(m.mask)
+        upto = _decode_mask.upto(keep)
         key = (None, _graph.structural_key(keep))
     else:
         keep, key = m.mask, (aten.bitwise_not.default, _graph.structural_key(m.mask))
