@@ -138,16 +138,27 @@ def _zeros(node) -> bool:
     return _op(node, aten.zeros.default) or (_op(node, aten.full.default) and node.args[1] == 0)
 
 
+def _noop_slice(node) -> bool:
+    """A slice that keeps its whole input (``x[:, ...]`` traces to one on dim 0)."""
+    return _op(node, aten.slice.Tensor) and _graph.same_shape(node, node.args[0])
+
+
 def _unpadded(out: Node) -> tuple[Node, Node, list[Node]] | None:
     """(bmm, its first operand, the padding's nodes) when ``out`` is a bmm, or Inductor's row-padded one,
-    ``bmm(cat([a, zeros], 1), b)[:, :m]`` = ``bmm(a, b)``: ``pad_mm`` pads a bmm's rows to a multiple of 8 on CUDA
-    where a benchmark at compile time finds the padded GEMM faster (an 8B model's 4 rows per kv head, as timing
-    noise decides)."""
+    ``bmm(cat([a, zeros], 1), b)[:, :m]`` = ``bmm(a, b)`` (through any whole-input slices): ``pad_mm`` pads a bmm's
+    rows to a multiple of 8 on CUDA where a benchmark at compile time finds the padded GEMM faster (an 8B model's 4
+    rows per kv head, as timing noise decides)."""
     if _op(out, aten.bmm.default):
         return out, out.args[0], []
-    if not (_op(out, aten.slice.Tensor) and _op(out.args[0], aten.bmm.default) and len(out.args[0].users) == 1):
+    if not _op(out, aten.slice.Tensor):
         return None
-    bmm, cat = out.args[0], out.args[0].args[0]
+    slices, bmm = [out], out.args[0]
+    while _noop_slice(bmm) and len(bmm.users) == 1:
+        slices.append(bmm)
+        bmm = bmm.args[0]
+    if not (_op(bmm, aten.bmm.default) and len(bmm.users) == 1):
+        return None
+    cat = bmm.args[0]
     dim = out.args[1] if len(out.args) > 1 else 0
     start = out.args[2] if len(out.args) > 2 else None
     step = out.args[4] if len(out.args) > 4 else 1
@@ -157,7 +168,7 @@ def _unpadded(out: Node) -> tuple[Node, Node, list[Node]] | None:
     a = cat.args[0][0]
     if not _graph.shape_is(_graph.val(out), (*_graph.val(a).shape[:2], _graph.val(bmm).shape[2])):
         return None
-    return bmm, a, [out, cat]
+    return bmm, a, [*slices, cat]
 
 
 def _scaled(s: Node, chain: list[Node]) -> tuple[Node, Node, float, Node]:
@@ -197,11 +208,14 @@ class Match:
     def __init__(self, pv: Node):
         # out: the node whose readers the op's output takes over, pv itself or the slice of Inductor's padded bmm
         self.pv, self.out, self.nodes = pv, pv, [pv]
-        operand, users = pv.args[0], list(pv.users)
-        padded = _unpadded(users[0]) if len(users) == 1 and _op(users[0], aten.slice.Tensor) else None
+        operand, last = pv.args[0], pv
+        while len(last.users) == 1 and _op(next(iter(last.users)), aten.slice.Tensor):
+            last = next(iter(last.users))  # pad_mm's row slice, after any whole-input ones
+        padded = _unpadded(last) if last is not pv else None
         if padded is not None:
-            _, operand, (self.out, cat) = padded
-            self.nodes = [self.out, pv, cat]  # out first: nothing after it is the match's own reader
+            _, operand, padding = padded
+            self.out = padding[0]
+            self.nodes = [self.out, pv, *padding[1:]]  # out first: nothing after it is the match's own reader
         probs = _through_views(operand, self.nodes)
         if not (_op(probs, CONVERT) and probs.args[1] in HALF):
             raise LookupError
