@@ -39,7 +39,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import guards
 from ..kernels import ops as _ops
-from . import _decode_mask, _graph
+from . import _decode_mask, _graph, _site
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -138,27 +138,16 @@ def _zeros(node) -> bool:
     return _op(node, aten.zeros.default) or (_op(node, aten.full.default) and node.args[1] == 0)
 
 
-def _noop_slice(node) -> bool:
-    """A slice that keeps its whole input (``x[:, ...]`` traces to one on dim 0)."""
-    return _op(node, aten.slice.Tensor) and _graph.same_shape(node, node.args[0])
-
-
 def _unpadded(out: Node) -> tuple[Node, Node, list[Node]] | None:
     """(bmm, its first operand, the padding's nodes) when ``out`` is a bmm, or Inductor's row-padded one,
-    ``bmm(cat([a, zeros], 1), b)[:, :m]`` = ``bmm(a, b)`` (through any whole-input slices): ``pad_mm`` pads a bmm's
-    rows to a multiple of 8 on CUDA where a benchmark at compile time finds the padded GEMM faster (an 8B model's 4
-    rows per kv head, as timing noise decides)."""
+    ``bmm(cat([a, zeros], 1), b)[:, :m]`` = ``bmm(a, b)``: ``pad_mm`` pads a bmm's rows to a multiple of 8 on CUDA
+    where a benchmark at compile time finds the padded GEMM faster (an 8B model's 4 rows per kv head, as timing
+    noise decides). Whole-input slices (``x[:, ...]`` on dim 0) are gone by then: post-grad's remove_noop_ops."""
     if _op(out, aten.bmm.default):
         return out, out.args[0], []
-    if not _op(out, aten.slice.Tensor):
+    if not (_op(out, aten.slice.Tensor) and _op(out.args[0], aten.bmm.default) and len(out.args[0].users) == 1):
         return None
-    slices, bmm = [out], out.args[0]
-    while _noop_slice(bmm) and len(bmm.users) == 1:
-        slices.append(bmm)
-        bmm = bmm.args[0]
-    if not (_op(bmm, aten.bmm.default) and len(bmm.users) == 1):
-        return None
-    cat = bmm.args[0]
+    bmm, cat = out.args[0], out.args[0].args[0]
     dim = out.args[1] if len(out.args) > 1 else 0
     start = out.args[2] if len(out.args) > 2 else None
     step = out.args[4] if len(out.args) > 4 else 1
@@ -168,7 +157,7 @@ def _unpadded(out: Node) -> tuple[Node, Node, list[Node]] | None:
     a = cat.args[0][0]
     if not _graph.shape_is(_graph.val(out), (*_graph.val(a).shape[:2], _graph.val(bmm).shape[2])):
         return None
-    return bmm, a, [*slices, cat]
+    return bmm, a, [out, cat]
 
 
 def _scaled(s: Node, chain: list[Node]) -> tuple[Node, Node, float, Node]:
@@ -208,14 +197,11 @@ class Match:
     def __init__(self, pv: Node):
         # out: the node whose readers the op's output takes over, pv itself or the slice of Inductor's padded bmm
         self.pv, self.out, self.nodes = pv, pv, [pv]
-        operand, last = pv.args[0], pv
-        while len(last.users) == 1 and _op(next(iter(last.users)), aten.slice.Tensor):
-            last = next(iter(last.users))  # pad_mm's row slice, after any whole-input ones
-        padded = _unpadded(last) if last is not pv else None
+        operand, users = pv.args[0], list(pv.users)
+        padded = _unpadded(users[0]) if len(users) == 1 and _op(users[0], aten.slice.Tensor) else None
         if padded is not None:
-            _, operand, padding = padded
-            self.out = padding[0]
-            self.nodes = [self.out, pv, *padding[1:]]  # out first: nothing after it is the match's own reader
+            _, operand, (self.out, cat) = padded
+            self.nodes = [self.out, pv, cat]  # out first: nothing after it is the match's own reader
         probs = _through_views(operand, self.nodes)
         if not (_op(probs, CONVERT) and probs.args[1] in HALF):
             raise LookupError
@@ -300,7 +286,7 @@ def _fold_quant(graph: Graph, op: Node) -> bool:
     else:
         return False
     quant = next(iter(node.users))
-    group = quant.args[1] if len(quant.args) > 1 else quant.kwargs.get("group_size", _ops.DEFAULT_GROUP_SIZE)
+    group = _site.group_size_of(quant)
     d, x = _graph.val(op).shape[-1], _graph.val(node)
     if not (isinstance(group, int) and d % group == 0 and d & (d - 1) == 0 and x.shape[-1] % group == 0):
         return False
@@ -353,7 +339,12 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     m.out.replace_all_uses_with(out)
     _graph.erase_dead(graph, [n for n in m.nodes if n not in (m.k_cache, m.v_cache)] + [m.mask])
     seen = "slots up to each batch row's position (no mask, no slot after it read)" if upto else "a mask"
-    quant = " and the quant of its output" if upto is not None and _fold_quant(graph, o) else ""
+    quant = ""
+    if upto is not None:
+        try:  # the attention is rewritten already: a fold that fails (Edit: as it was) must not undo its report
+            quant = " and the quant of its output" if _fold_quant(graph, o) else ""
+        except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
+            quant = f" (its output's quant stays a launch: folding it raised {type(e).__name__}: {e})"
     return f"{r} query rows per kv head over a {t}-slot cache, {seen}, scale {m.scale:.6g}{quant}: one launch"
 
 

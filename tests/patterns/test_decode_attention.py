@@ -310,3 +310,15 @@ def test_the_quant_stays_when_the_output_is_read_elsewhere():
     (gm,) = capture(AlsoRead(), *_inputs(d=128))
     r, out = run_pass(gm, ALONE)
     assert _count(out, UPTO) == 1 and _count(out, decode_attention.FUSED_UPTO_QUANT) == 0, r.render()
+
+
+def test_a_quant_fold_that_raises_keeps_the_attention_rewrite(monkeypatch):
+    def broken(*_):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(decode_attention, "_in_order", broken)
+    (gm,) = capture(_AttentionThenQuant(), *_inputs(d=128))
+    r, out = run_pass(gm, ALONE)
+    assert r.counts()["decode_attention"] == 1 and not r.errors, r.render()
+    assert "folding it raised RuntimeError" in next(d.detail for d in r.applied if d.pattern == "decode_attention")
+    assert _count(out, UPTO) == 1 and _count(out, torch.ops.fp8_fusion.group_quant.default) == 1

@@ -226,7 +226,6 @@ def decode_attention_upto_quant(q, k_cache, v_cache, last, scale: float, group_s
 def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, group_size: int = 0):
     b, hkv, r, d = q.shape
     t = k_cache.shape[2]
-    fp8 = kernel_constexprs(q.device)
     quant = group_size > 0
     out = torch.empty((b, hkv, r, d), dtype=arch.arch_of(q.device).fp8_dtype if quant else q.dtype, device=q.device)
     scales = torch.empty((b, hkv, r, d // group_size if quant else 0), dtype=torch.float32, device=q.device)
@@ -249,9 +248,8 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         hkv, r, t, per, float(scale),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), UPTO=upto,
-        EMULATE_CAST=fp8["EMULATE_CAST"], QUANT=quant, G=group_size if quant else d, FP8_MAX=fp8["FP8_MAX"],
-        FP8_MIN_EXP=fp8["FP8_MIN_EXP"], FNUZ=fp8["FNUZ"], PTX=fp8["PTX"],
+        BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
+        **kernel_constexprs(q.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return (out, scales) if quant else out
