@@ -41,8 +41,8 @@ from decode import capture, log, time_replays  # noqa: E402
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
-SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (32, 64, 128) for w in (4, 8) for st in (2, 3)
-         for p in (0, 1, 2)]  # fmt: skip (programs 0: one split per kv head)
+SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (16, 32, 64, 128) for w in (4, 8) for st in (2, 3)
+         for p in (0, 1, 2, 4)]  # fmt: skip (programs 0: one split per kv head)
 
 
 def fused(q, k_cache, v_cache, positions, scale):

@@ -12,7 +12,7 @@ import os
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
 FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "norm_rope", "qk_rope", "rope_cache", "inline_norm",
            "group_gemm", "gemm_silu_quant", "quant_gemm", "gqa_attention", "decode_attention",
-           "zero_fill")
+           "rope_attention", "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 
@@ -55,6 +55,10 @@ class FusionConfig:
     # (patterns/decode_attention.py). Closer to the fp32 reference than the graph it replaces, not equal to it, so
     # deterministic mode keeps it off; measured on the H200 (docs/benchmarks.md).
     decode_attention: bool = True
+    # the RoPE op that writes the KV caches -> the decode attention that reads them, one token  =>  one launch (the
+    # RoPE, its cache writes and the attention: patterns/rope_attention.py). Not bit-exact (deterministic mode keeps
+    # it off); measured on the H200 (docs/benchmarks.md).
+    rope_attention: bool = True
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)
     # Honour FP8_FUSION_DISABLE from the environment at compile time.

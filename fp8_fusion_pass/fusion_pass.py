@@ -183,6 +183,7 @@ class _Run:
                                 ("gqa_attention", functools.partial(self._whole_graph_rewrite, "gqa_attention")),
                                 ("decode_attention",
                                  functools.partial(self._whole_graph_rewrite, "decode_attention")),
+                                ("rope_attention", functools.partial(self._whole_graph_rewrite, "rope_attention")),
                                 ("zero_fill", self._zero_fill)):
                 try:
                     stage()
@@ -236,7 +237,8 @@ class _Run:
 
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope, qk_rope,
-        rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention, decode_attention. Each
+        rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention, decode_attention,
+        rope_attention. Each
         rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not self._may_run(name):

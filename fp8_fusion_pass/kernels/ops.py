@@ -28,6 +28,10 @@ Outputs (``x [..., K]``, ``g = group_size``):
   decode_attention_upto(q, k_cache, v_cache, last [B] int, scale) -> o: keep = slot <= last[b], every row
   decode_attention_upto_quant(q, k_cache, v_cache, last, scale, g) -> (o_q [B,Hkv,R,D] fp8, scale [B,Hkv,R,D/g])
                                                      (group_quant of decode_attention_upto's output, one launch)
+  rope_decode_attention(q [B,1,Hq,D], wq?, k [B,1,Hk,D], wk?, eps, cos, sin, v [B,Hk,1,D], positions, k_cache!,
+                        v_cache!, last [B], scale, g) -> (o [B,Hk,Hq/Hk,D], scale [B,Hk,Hq/Hk,D/g or 0])
+                                                     (rms_norm_rope_cache / qk_rope_cache, then decode_attention_upto
+                                                      and with g > 0 its quant: one launch)
   dynamic_per_tensor_quant(out!, x, scale!)          -> ()   mutates out (fp8) and scale (fp32 [1])
 """
 
@@ -453,6 +457,54 @@ def _(q, k_cache, v_cache, last, scale, group_size):
     return _quant_outputs(q, group_size)
 
 
+def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size):
+    """``rms_norm_rope_cache``'s checks (``wq`` None: ``qk_rope_cache``'s), one token, whole query heads per kv
+    head, then ``decode_attention_upto``'s (with its quant's when ``group_size`` is not 0) on the grouped q."""
+    if (wq is None) != (wk is None):
+        raise ValueError(f"{op}: wq and wk must both be given (Qwen3's q / k norms) or both be None (RoPE alone)")
+    _check_norm_rope_cache(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache)
+    b, s, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    if s != 1:
+        raise ValueError(f"{op}: one token per step (a decode step), got {s}")
+    if hq % hkv:
+        raise ValueError(f"{op}: the query heads ({hq}) must be a multiple of the kv heads ({hkv})")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"{op}: the head dim must be a power of two of at least 16 (one tile per head), got {d}")
+    grouped = q.squeeze(1).unflatten(1, (hkv, hq // hkv))  # a view: the attention's [B, Hkv, R, D] q, no copy
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
+        raise ValueError(f"{op}: group_size must be 0 (no quant) or a group size, got {group_size!r}")
+    if group_size:
+        _check_attention_quant(op, grouped, k_cache, v_cache, last, scale, group_size)
+    else:
+        _check_decode_attention(op, grouped, k_cache, v_cache, scale, last=last)
+    return grouped
+
+
+@custom_op(f"{NS}::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
+def rope_decode_attention(q: Tensor, wq: Tensor | None, k: Tensor, wk: Tensor | None, eps: float, cos: Tensor,
+                          sin: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor, last: Tensor,
+                          scale: float, group_size: int) -> tuple[Tensor, Tensor]:
+    """One decode token's RoPE (with Qwen3's q / k norms when ``wq`` / ``wk`` are given), its k / v cache writes and
+    the attention over the caches (``reference.rope_decode_attention``), one launch on the Triton backend; with
+    ``group_size`` the output's group quant too. Returns ``(o [B, Hkv, Hq / Hkv, D], scales)``: o in q's dtype and
+    scales ``[B, Hkv, R, 0]`` when ``group_size`` is 0, else fp8 and ``[B, Hkv, R, D / group_size]``."""
+    _check_rope_attention("rope_decode_attention", q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache, last,
+                          scale, group_size)  # fmt: skip
+    return _kernel("rope_decode_attention", q)(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last,
+                                               scale, group_size)  # fmt: skip
+
+
+@rope_decode_attention.register_fake
+def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size):
+    grouped = _check_rope_attention("rope_decode_attention", q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache,
+                                    last, scale, group_size)  # fmt: skip
+    if group_size:
+        return _quant_outputs(grouped, group_size)
+    return torch.empty_like(grouped, memory_format=torch.contiguous_format), grouped.new_empty(
+        (*grouped.shape[:3], 0), dtype=torch.float32)
+
+
 # ---------------------------------------------------------------- mutating (the zero-fill case)
 
 
@@ -481,4 +533,4 @@ def _(out, x, scale):
 UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm")
 FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
          "blockscale_mm_silu_mul_group_quant", "rms_norm_rope", "rms_norm_rope_cache", "qk_rope", "qk_rope_cache")
-MUTATING = ("dynamic_per_tensor_quant", "rms_norm_rope_cache", "qk_rope_cache")
+MUTATING = ("dynamic_per_tensor_quant", "rms_norm_rope_cache", "qk_rope_cache", "rope_decode_attention")

@@ -201,3 +201,16 @@ def decode_attention_upto(q, k_cache, v_cache, last, scale: float) -> torch.Tens
     """``decode_attention`` with batch row b seeing the slots ``0..last[b]``."""
     keep = torch.arange(k_cache.shape[2], device=q.device) <= last.view(-1, 1, 1, 1)
     return decode_attention(q, k_cache, v_cache, keep, scale)
+
+
+def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last, scale: float):
+    """One decode token's RoPE, cache writes and attention: ``rms_norm_rope_cache`` (``wq`` None:
+    ``qk_rope_cache``), its q ``[B, Hq, 1, D]`` grouped as ``[B, Hkv, Hq / Hkv, D]``, then ``decode_attention_upto``
+    over the caches it wrote. Returns the attention output (the caches are written in place)."""
+    if wq is None:
+        q_out = qk_rope_cache(q, k, cos, sin, v, positions, k_cache, v_cache)
+    else:
+        q_out = rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache)
+    b, hq, _, d = q_out.shape
+    hkv = k_cache.shape[1]
+    return decode_attention_upto(q_out.reshape(b, hkv, hq // hkv, d), k_cache, v_cache, last, scale)

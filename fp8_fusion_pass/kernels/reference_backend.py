@@ -46,6 +46,13 @@ def decode_attention_upto_quant(q, k_cache, v_cache, last, scale, group_size):
     return group_quant(ref.decode_attention_upto(q, k_cache, v_cache, last, scale), group_size)
 
 
+def rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size):
+    o = ref.rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale)
+    if group_size:
+        return group_quant(o, group_size)
+    return o, o.new_empty((*o.shape[:3], 0), dtype=torch.float32)
+
+
 def dynamic_per_tensor_quant(out, x, scale):
     # Overwrites ``scale`` (never reads it): the scale-semantics registry records this op as "overwrites".
     q, s = ref.per_tensor_quant(x, *_fp8(x))
@@ -75,4 +82,5 @@ def kernels() -> dict:
         "decode_attention": ref.decode_attention,
         "decode_attention_upto": ref.decode_attention_upto,
         "decode_attention_upto_quant": decode_attention_upto_quant,
+        "rope_decode_attention": rope_decode_attention,
     }

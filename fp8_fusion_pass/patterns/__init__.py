@@ -47,6 +47,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("gqa_attention", "gqa_attention", "gqa_attention", None, False),
     # bmm(softmax(where(~keep, -inf, scale * bmm(q, k^T).float())).to(bf16), v), few rows  ->  decode_attention
     Fusion("decode_attention", "decode_attention", "decode_attention", "decode_attention", False),
+    # *_rope_cache -> decode_attention_upto(_quant) on its q and caches, one token  ->  rope_decode_attention
+    Fusion("rope_attention", "rope_attention", "rope_attention", "rope_decode_attention", False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

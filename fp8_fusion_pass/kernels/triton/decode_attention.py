@@ -80,6 +80,28 @@ def _mma_operand(x, EMULATE_CAST: tl.constexpr):
 
 
 @triton.jit
+def _rounded(v, DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
+    """fp32 ``v`` rounded to the activation dtype and widened back: one eager op's output."""
+    return to_fp32(round_to(v, DTYPE, EMULATE_CAST), EMULATE_CAST)
+
+
+@triton.jit
+def _roped(x, x_p, w, w_p, c, s, neg, eps, AXIS: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
+           DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
+    """``rms_norm_rope``'s steps on heads laid along ``AXIS`` (fp32 ``x``; ``x_p`` / ``w_p`` at each column's RoPE
+    partner, ``neg`` where the partner's sign flips): with NORM ``w * (x * rstd)``, each product rounded as eager
+    rounds it, then ``y * cos + rotate_half(y) * sin``, each product and the sum rounded; returned in DTYPE."""
+    if NORM:
+        var = tl.math.div_rn(tl.sum(x * x, AXIS, keep_dims=True), tl.cast(D, tl.float32))
+        rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
+        x = _rounded(w * _rounded(x * rstd, DTYPE, EMULATE_CAST), DTYPE, EMULATE_CAST)
+        x_p = _rounded(w_p * _rounded(x_p * rstd, DTYPE, EMULATE_CAST), DTYPE, EMULATE_CAST)
+    rot = tl.where(neg, -x_p, x_p)
+    return round_to(_rounded(x * c, DTYPE, EMULATE_CAST) + _rounded(rot * s, DTYPE, EMULATE_CAST), DTYPE,
+                    EMULATE_CAST)  # fmt: skip
+
+
+@triton.jit
 def _store(o, o_ptrs, out_mask, s_ptrs, row_ok, q_ptr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
            EMULATE_CAST: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr, FP8_MAX: tl.constexpr,
            FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr):
@@ -101,6 +123,10 @@ def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, keep_ptr, o_ptr, part_ptr, ml_ptr, cnt_ptr, s_ptr,
     HKV, R, T, keys_per_split, scale,
     sqb, sqh, sqr, sqd, skb, skh, skt, skd, svb, svh, svt, svd, smb, smh, smr, smt, sob, soh, sor, sod,
+    # ROPE (``rope_decode_attention``): q_ptr is the step's q before RoPE (one token: its [B, 1, Hq, D] as [B, Hkv,
+    # R, D] strides), and the new token's k / v go into the caches at pos[b] from here (see the module docstring)
+    wq_ptr, wk_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr,
+    skn_b, skn_h, skn_d, svn_b, svn_h, svn_d, sc_b, sc_d, ss_b, ss_d, sp_b, eps,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (batch row, kv head); above 1 they write partials, the last merges them
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
@@ -108,6 +134,7 @@ def _decode_attention_kernel(
     EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
     QUANT: tl.constexpr,  # o_ptr is fp8 and s_ptr its scales [B, Hkv, R, D / G]: the output rounded, then group-quantized
     G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
+    ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -117,14 +144,44 @@ def _decode_attention_kernel(
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < R
     col_ok = cols < D
-    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqr + cols[None, :] * sqd,
-                mask=row_ok[:, None] & col_ok[None, :], other=0.0)  # fmt: skip
-    q = _mma_operand(q, EMULATE_CAST)
+    q_rows = q_ptr + b * sqb + h * sqh + rows[:, None] * sqr
+    q = tl.load(q_rows + cols[None, :] * sqd, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     k_base = k_ptr + b * skb + h * skh
     v_base = v_ptr + b * svb + h * svh
     keep_base = keep_ptr + b * smb + h * smh + rows[:, None] * smr
     lo = split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, T)
+    if ROPE:  # D == BLOCK_D (the op checks it): column j's RoPE partner is j + D/2 mod D
+        dtype = q_ptr.dtype.element_ty
+        partner = (cols + D // 2) % D
+        neg = cols < D // 2
+        c = to_fp32(tl.load(cos_ptr + b * sc_b + cols * sc_d), EMULATE_CAST)
+        s_ = to_fp32(tl.load(sin_ptr + b * ss_b + cols * ss_d), EMULATE_CAST)
+        wq, wq_p, wk, wk_p = c, c, c, c  # unused without NORM
+        if NORM:
+            wq = to_fp32(tl.load(wq_ptr + cols), EMULATE_CAST)
+            wq_p = to_fp32(tl.load(wq_ptr + partner), EMULATE_CAST)
+            wk = to_fp32(tl.load(wk_ptr + cols), EMULATE_CAST)
+            wk_p = to_fp32(tl.load(wk_ptr + partner), EMULATE_CAST)
+        q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
+                   s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST)  # fmt: skip
+        k_row = kn_ptr + b * skn_b + h * skn_h
+        k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
+                       to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D, NORM,
+                       dtype, EMULATE_CAST)  # fmt: skip
+        v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + cols * svn_d)
+        # The new token's slot (negative counts from the end, as indexing does; outside [-T, T) nothing is written).
+        # The program whose split holds it stores k / v there and reads them from registers: no other program of
+        # this (batch row, kv head) reads that slot, so no load can race the store.
+        p = tl.load(pos_ptr + b * sp_b).to(tl.int64)
+        p = tl.where(p < 0, p + T, p)
+        mine = (p >= 0) & (p < T) & (p >= lo) & (p < lo + keys_per_split)
+        write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
+        tl.store(k_base + p * skt + cols * skd, k_new, mask=write)
+        tl.store(v_base + p * svt + cols * svd, v_new, mask=write)
+        new_at = tl.where(mine, p, -1)
+    q = _mma_operand(q, EMULATE_CAST)
     if UPTO:
         last_b = tl.load(keep_ptr + b * smb)
         hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
@@ -143,6 +200,9 @@ def _decode_attention_kernel(
                     other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
         v = tl.load(v_base + t[:, None] * svt + cols[None, :] * svd, mask=t_ok[:, None] & col_ok[None, :],
                     other=0.0)  # fmt: skip
+        if ROPE:  # the new token's k / v from registers (their store above is this program's own)
+            k = tl.where((t == new_at)[None, :], k_new[:, None], k)
+            v = tl.where((t == new_at)[:, None], v_new[None, :], v)
         s = tl.where(keep, tl.dot(q, _mma_operand(k, EMULATE_CAST)) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every exp below is 0
@@ -223,8 +283,33 @@ def decode_attention_upto_quant(q, k_cache, v_cache, last, scale: float, group_s
                    group_size=group_size)  # fmt: skip
 
 
-def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, group_size: int = 0):
-    b, hkv, r, d = q.shape
+def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last, scale: float,
+                          group_size: int, cfg: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.rope_decode_attention`` in one launch: the step's q / k (Qwen3: normed) and RoPE'd, k and v
+    written into their cache slots, then ``decode_attention_upto`` (with ``group_size``: its quant); inputs validated
+    by the op. Returns ``(o, scales)`` (no quant: scales ``[B, Hkv, R, 0]``)."""
+    b, _, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    r = hq // hkv
+    # one token: the query rows of kv head h are heads h * R .. h * R + R - 1, at q's head stride
+    q_strides = (q.stride(0), r * q.stride(2), q.stride(2), q.stride(3))
+    tables = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(-1)) for t in (cos, sin)]
+    pos_b = positions.stride(0) if positions.dim() == 2 and positions.shape[0] > 1 else 0
+    norm = wq is not None
+    rope = dict(
+        args=(wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
+              k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
+              pos_b, float(eps)),
+        NORM=norm)  # fmt: skip
+    return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
+                   group_size=group_size, shape=(b, hkv, r, d), q_strides=q_strides, rope=rope, both=True)
+
+
+def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, group_size: int = 0, shape=None,
+            q_strides=None, rope=None, both: bool = False):
+    """One launch; ``shape`` / ``q_strides``: q's as [B, Hkv, R, D] (default: q's own); ``rope``: the RoPE
+    prologue's arguments; ``both``: return ``(out, scales)`` even without the quant."""
+    b, hkv, r, d = shape or q.shape
     t = k_cache.shape[2]
     quant = group_size > 0
     out = torch.empty((b, hkv, r, d), dtype=arch.arch_of(q.device).fp8_dtype if quant else q.dtype, device=q.device)
@@ -232,7 +317,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     pairs = b * hkv
     cfg = cfg or config_for(pairs)
     if out.numel() == 0:
-        return (out, scales) if quant else out
+        return (out, scales) if quant or both else out
     block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
     block_d = max(16, triton.next_power_of_2(d))
     splits, per = plan(pairs, t, _sm_count(q.device), cfg)
@@ -243,13 +328,17 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     if splits > 1:
         part = torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=q.device)
         ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
+    rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,)
     _decode_attention_kernel[(pairs, splits)](
         q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
         hkv, r, t, per, float(scale),
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
+        *(q_strides or q.stride()), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
+        *rope_args,
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
-        **kernel_constexprs(q.device),
+        **kernel_constexprs(q.device), ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py)
+        **({"enable_fp_fusion": False} if rope else {}),
     )  # fmt: skip
-    return (out, scales) if quant else out
+    return (out, scales) if quant or both else out

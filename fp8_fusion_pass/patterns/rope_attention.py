@@ -1,0 +1,124 @@
+"""The decode step's RoPE and KV-cache writes into its attention's launch: ``*_rope_cache`` then the attention.
+
+    before (what ``rope_cache`` and ``decode_attention`` leave at one query token)
+    af = auto_functionalized_v2(qk_rope_cache | rms_norm_rope_cache, q=.., k=.., v=.., positions=..,
+                                _all_bases=[k_cache, v_cache])
+    o = decode_attention_upto(reshape(af[0], [B, Hkv, R, D]), af[1], af[2], last, scale)
+        (or decode_attention_upto_quant(..., g) -> (o_q, scales): the o_proj's quant folded in)
+
+    after
+    af = auto_functionalized_v2(rope_decode_attention, q=.., wq=.. or None, k=.., ..., last=last, scale=scale,
+                                group_size=g or 0, _all_bases=[k_cache, v_cache])
+    o = af[0] (o_q = af[0], scales = af[1]); the new caches af[2], af[3] (their copy_ back unchanged)
+
+Why: after the other rewrites a decode layer's attention is two launches of ours, the RoPE kernel that writes k / v
+into their slots and the attention that reads them back. Both are latency-bound at decode (1.5 us for the RoPE on
+the H200 at batch 8, ~6-10 us for the attention), so one launch saves the RoPE's launch and its round trip through
+HBM: the attention program whose keys hold the new slot computes k / v itself, stores them, and takes them from
+registers for its own scores (``kernels/triton/decode_attention.py``). The RoPE steps are ``rms_norm_rope``'s, each
+product rounded as eager rounds it, so the caches get the pair's bits up to the order of the norm's sum of squares;
+the attention is ``decode_attention_upto``'s. Not promised bit-exact (deterministic mode keeps it off).
+
+Guards, each with its reason (``rope_attention_not_single``): one token per step; the RoPE op's q read by this
+attention alone, through reshapes that keep its [B, Hq, 1, D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
+the caches that op wrote; a kernel for the device (``no_fused_kernel``).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
+from torch._inductor.pattern_matcher import stable_topological_sort
+from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .. import guards
+from . import _graph
+
+aten = torch.ops.aten
+_ops = torch.ops.fp8_fusion
+NAME = "rope_attention"
+FUSED = _ops.rope_decode_attention.default
+ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
+ROPE_CACHE = (_ops.qk_rope_cache.default, _ops.rms_norm_rope_cache.default)
+_op = _graph.is_call
+
+
+def _rope_q(att: Node) -> tuple[Node | None, list[Node]]:
+    """(the auto_functionalized_v2 node of a ``*_rope_cache`` op, the views between its q output and ``att``), or
+    (None, []) when the attention's q is not that op's q through reshapes / same-shape expands."""
+    node, chain = att.args[0], []
+    while _op(node, *_graph.RESHAPES) or (_op(node, aten.expand.default) and _graph.same_shape(node, node.args[0])):
+        chain.append(node)
+        node = node.args[0]
+    if not (_op(node, operator.getitem) and node.args[1] == 0):
+        return None, []
+    af = node.args[0]
+    if not (_op(af, auto_functionalized_v2) and af.args and af.args[0] in ROPE_CACHE):
+        return None, []
+    return af, [node, *chain]
+
+
+def _outputs(af: Node) -> dict[int, Node]:
+    return {u.args[1]: u for u in af.users if _op(u, operator.getitem)}
+
+
+def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
+    def no(detail: str) -> guards.Verdict:
+        return guards.reject("rope_attention_not_single", f"{detail}: the RoPE and the attention stay two launches")
+
+    outs = _outputs(af)
+    if len(outs) != len(af.users):
+        return no("the RoPE op's outputs are read as a tuple")
+    if (att.args[1], att.args[2]) != (outs.get(1), outs.get(2)):
+        return no("the attention does not read the caches this RoPE op wrote")
+    readers = [u for n in q_chain for u in n.users if u not in (*q_chain, att)]
+    if readers:
+        return no(f"the RoPE op's q is also read by {readers[0].name}")
+    q = _graph.val(af.kwargs["q"])
+    q4 = _graph.val(att.args[0])
+    b, s, hq, d = q.shape
+    _, hkv, r, _ = q4.shape
+    if not statically_known_true(s == 1):
+        return no(f"{s} tokens per step, not one")
+    if not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * r):
+        return no(f"q's {hq} heads are not the attention's {hkv} kv heads x {r} rows")
+    return guards.can_run_kernel("rope_decode_attention", q.device)
+
+
+def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
+    """The fused op where the attention was, reading what both read; the attention's readers and the caches'
+    readers (their ``copy_`` back included) take its outputs; then a stable topological sort."""
+    kw = af.kwargs
+    outs = _outputs(af)
+    quant = att.target is _ops.decode_attention_upto_quant.default
+    group = att.args[5] if quant else 0
+    with _graph.Edit(graph, before=att) as e:
+        new = e.call(auto_functionalized_v2, FUSED, q=kw["q"], wq=kw.get("wq"), k=kw["k"], wk=kw.get("wk"),
+                     eps=kw.get("eps", 0.0), cos=kw["cos"], sin=kw["sin"], v=kw["v"], positions=kw["positions"],
+                     last=att.args[3], scale=att.args[4], group_size=group, _k_cache_base_index=0,
+                     _v_cache_base_index=1, _all_bases=list(kw["_all_bases"]))  # fmt: skip
+        o, scales, k_cache, v_cache = (e.call(operator.getitem, new, i) for i in range(4))
+    if quant:
+        for u in list(att.users):  # the pair's getitems: 0 the fp8 output, 1 its scales
+            u.replace_all_uses_with(o if u.args[1] == 0 else scales)
+    else:
+        att.replace_all_uses_with(o)
+    outs[1].replace_all_uses_with(k_cache)
+    outs[2].replace_all_uses_with(v_cache)
+    _graph.erase_dead(graph, [*att.users, att, *reversed(q_chain), outs[1], outs[2], af])
+    stable_topological_sort(graph)
+    norm = "q / k norms, " if kw.get("wq") is not None else ""
+    return f"{norm}RoPE and the k / v cache writes in the attention's launch{' (and its quant)' if quant else ''}"
+
+
+def run(graph: Graph, report) -> None:
+    for att in [n for n in graph.nodes if _op(n, *ATTENTION)]:
+        af, q_chain = _rope_q(att)
+        if af is None:
+            continue  # its q is no RoPE op's: not a candidate
+        shapes = _graph.shape_str(q=af.kwargs["q"], k=att.args[1])
+        report.settle(NAME, att.name, shapes, _graph.dtype_str(af.kwargs["q"]), _check(att, af, q_chain), "",
+                      rewrite, graph, att, af, q_chain)  # fmt: skip
