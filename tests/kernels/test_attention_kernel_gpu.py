@@ -79,3 +79,51 @@ def test_in_cuda_graph_replays_with_the_merge():
     torch.cuda.synchronize()
     assert torch.equal(out, want) and torch.equal(out_upto, want_upto)  # the merge adds splits in order
     assert int(kernel.tile_counters(q.device, 8)[:8].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
+@pytest.mark.parametrize("b", [1, 8, 64])
+@pytest.mark.parametrize("group", [0, 128])
+def test_rope_decode_attention_is_the_rope_cache_op_then_the_attention(norm, b, group):
+    # the pair as the pass leaves it without rope_attention: the RoPE kernel writing the caches, then the attention
+    from attention_cases import rope_inputs
+
+    positions = [(575 - 7 * i) % 576 for i in range(b)]
+    args = rope_inputs(b, 32, 8, 576, 128, positions, norm, "cuda")
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    last = pos.view(-1)
+    kc2, vc2 = kc.clone(), vc.clone()
+    with backends.use_backend("triton"):
+        if norm:
+            q_out = torch.ops.fp8_fusion.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
+        else:
+            q_out = torch.ops.fp8_fusion.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
+        q4 = q_out.reshape(b, 8, 4, 128)
+        want = (torch.ops.fp8_fusion.decode_attention_upto_quant(q4, kc, vc, last, 128 ** -0.5, group) if group
+                else (UPTO(q4, kc, vc, last, 128 ** -0.5),))  # fmt: skip
+        got = torch.ops.fp8_fusion.rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, pos, kc2, vc2, last,
+                                                         128 ** -0.5, group)  # fmt: skip
+    # the caches: the RoPE kernel's bits (Llama); Qwen3's norm sums its squares in another order: an ulp at most
+    assert torch.equal(vc, vc2) and (torch.equal(kc, kc2) or norm)
+    assert (kc.float() - kc2.float()).abs().max() <= 2 ** -7 * kc.float().abs().max()
+    if group:
+        assert rel_l2(got[0].float() * got[1], want[0].float() * want[1]) <= 1e-2
+    else:
+        assert got[1].shape == (b, 8, 4, 0) and rel_l2(got[0], want[0]) <= 1e-2
+
+
+def test_rope_decode_attention_in_cuda_graph_replays():
+    from attention_cases import rope_inputs
+
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = rope_inputs(8, 32, 8, 576, 128, [511] * 8, True, "cuda")
+    call = lambda: torch.ops.fp8_fusion.rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc,  # noqa: E731
+                                                               pos.view(-1), 128 ** -0.5, 128)  # fmt: skip
+    with backends.use_backend("triton"):
+        want = call()  # eager first: the merge counters are allocated outside the graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(out[1], want[1])

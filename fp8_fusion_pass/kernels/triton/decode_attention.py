@@ -86,19 +86,29 @@ def _rounded(v, DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
 
 
 @triton.jit
+def _mul(a, b, PTX: tl.constexpr):
+    """RN_fp32(a * b) that no fma may absorb: ``mul.rn`` is never contracted (PTX); elsewhere the kernel is
+    compiled without fp fusion (``_launch``)."""
+    if PTX:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True,
+                                         pack=1)  # fmt: skip
+    return a * b
+
+
+@triton.jit
 def _roped(x, x_p, w, w_p, c, s, neg, eps, AXIS: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
-           DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
+           DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):
     """``rms_norm_rope``'s steps on heads laid along ``AXIS`` (fp32 ``x``; ``x_p`` / ``w_p`` at each column's RoPE
     partner, ``neg`` where the partner's sign flips): with NORM ``w * (x * rstd)``, each product rounded as eager
     rounds it, then ``y * cos + rotate_half(y) * sin``, each product and the sum rounded; returned in DTYPE."""
     if NORM:
-        var = tl.math.div_rn(tl.sum(x * x, AXIS, keep_dims=True), tl.cast(D, tl.float32))
+        var = tl.math.div_rn(tl.sum(_mul(x, x, PTX), AXIS, keep_dims=True), tl.cast(D, tl.float32))
         rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
-        x = _rounded(w * _rounded(x * rstd, DTYPE, EMULATE_CAST), DTYPE, EMULATE_CAST)
-        x_p = _rounded(w_p * _rounded(x_p * rstd, DTYPE, EMULATE_CAST), DTYPE, EMULATE_CAST)
+        x = _rounded(_mul(w, _rounded(_mul(x, rstd, PTX), DTYPE, EMULATE_CAST), PTX), DTYPE, EMULATE_CAST)
+        x_p = _rounded(_mul(w_p, _rounded(_mul(x_p, rstd, PTX), DTYPE, EMULATE_CAST), PTX), DTYPE, EMULATE_CAST)
     rot = tl.where(neg, -x_p, x_p)
-    return round_to(_rounded(x * c, DTYPE, EMULATE_CAST) + _rounded(rot * s, DTYPE, EMULATE_CAST), DTYPE,
-                    EMULATE_CAST)  # fmt: skip
+    return round_to(_rounded(_mul(x, c, PTX), DTYPE, EMULATE_CAST) + _rounded(_mul(rot, s, PTX), DTYPE, EMULATE_CAST),
+                    DTYPE, EMULATE_CAST)  # fmt: skip
 
 
 @triton.jit
@@ -165,22 +175,25 @@ def _decode_attention_kernel(
             wk_p = to_fp32(tl.load(wk_ptr + partner), EMULATE_CAST)
         q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
         q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
-                   s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST)  # fmt: skip
+                   s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
         k_row = kn_ptr + b * skn_b + h * skn_h
         k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
                        to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D, NORM,
-                       dtype, EMULATE_CAST)  # fmt: skip
+                       dtype, EMULATE_CAST, PTX)  # fmt: skip
         v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + cols * svn_d)
         # The new token's slot (negative counts from the end, as indexing does; outside [-T, T) nothing is written).
-        # The program whose split holds it stores k / v there and reads them from registers: no other program of
-        # this (batch row, kv head) reads that slot, so no load can race the store.
-        p = tl.load(pos_ptr + b * sp_b).to(tl.int64)
-        p = tl.where(p < 0, p + T, p)
-        mine = (p >= 0) & (p < T) & (p >= lo) & (p < lo + keys_per_split)
+        # The program whose split holds it stores k / v there and reads them back in its key loop: no other program
+        # of this (batch row, kv head) reads that slot, so no load can race the store.
+        slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
+        slot = tl.where(slot < 0, slot + T, slot)
+        mine = (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
         write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
-        tl.store(k_base + p * skt + cols * skd, k_new, mask=write)
-        tl.store(v_base + p * svt + cols * svd, v_new, mask=write)
-        new_at = tl.where(mine, p, -1)
+        tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
+        tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
+        # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot back
+        # (a select of the registers inside the loop instead kept Triton from feeding the MMAs straight from the
+        # pipelined loads: 1.04-1.10x slower decode steps on the H200)
+        tl.debug_barrier()
     q = _mma_operand(q, EMULATE_CAST)
     if UPTO:
         last_b = tl.load(keep_ptr + b * smb)
@@ -200,9 +213,6 @@ def _decode_attention_kernel(
                     other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
         v = tl.load(v_base + t[:, None] * svt + cols[None, :] * svd, mask=t_ok[:, None] & col_ok[None, :],
                     other=0.0)  # fmt: skip
-        if ROPE:  # the new token's k / v from registers (their store above is this program's own)
-            k = tl.where((t == new_at)[None, :], k_new[:, None], k)
-            v = tl.where((t == new_at)[:, None], v_new[None, :], v)
         s = tl.where(keep, tl.dot(q, _mma_operand(k, EMULATE_CAST)) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every exp below is 0
@@ -338,7 +348,8 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **kernel_constexprs(q.device), ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py)
-        **({"enable_fp_fusion": False} if rope else {}),
+        # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
+        # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
+        **({"enable_fp_fusion": False} if rope and not kernel_constexprs(q.device)["PTX"] else {}),
     )  # fmt: skip
     return (out, scales) if quant or both else out
