@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # One device call's worth of the decode-attention checks, in the order that matters if the call is cut short:
-# correctness first (GPU tests), then the kernel table, then the decode step with and without the rewrite.
+# correctness first (GPU tests), then the decode step with and without the newest rewrite.
 #     OUT=/some/dir bash benchmarks/attention_round.sh          (on the H200: about 7 minutes; logs under $OUT)
+#     OUT=/some/dir bash benchmarks/attention_round.sh 32b      (Qwen3-32B's step instead: about 5 minutes)
 # Each step has its own time limit and the next runs whatever the last one did; decode.py prints its table when
-# its limit stops it. The commands are the ones docs/benchmarks.md records ("Decode attention in one launch").
+# its limit stops it. The commands are the ones docs/benchmarks.md records ("Decode attention in one launch", "The
+# RoPE in the attention's launch").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 out=${OUT:-/tmp/attention_round}
 mkdir -p "$out"
+if [ "${1:-}" = "32b" ]; then
+    timeout 330 python benchmarks/decode.py --presets qwen3-32b --forms engine --batches 1,8,32,64 --prefill 0 \
+        --no-bf16 --steps 20 --also=-rope_attention 2>&1 | tee "$out/decode32.log" | grep -v "^\[" | tail -14
+    exit 0
+fi
 timeout 150 python -m pytest -q -p no:logging -m gpu tests/kernels/test_attention_kernel_gpu.py \
-    tests/patterns/test_pass_gpu.py -k attention -s 2>&1 | grep -v DEBUG > "$out/tests.log"
+    tests/patterns/test_pass_gpu.py -k "attention or rope" -s 2>&1 | grep -v DEBUG > "$out/tests.log"
 grep -E "passed|failed|FAILED|vs eager|^batch" "$out/tests.log" | tail -20
-timeout 60 python benchmarks/attention_decode.py --batches 1,8,32,64 \
-    --impls math,fused,fused_upto,upto+quant,upto_quant,math+pass 2>&1 | tee "$out/attention.log" | tail -26
 timeout 300 python benchmarks/decode.py --presets llama3.1-8b,qwen3-8b --forms engine --batches 1,8,32,64 \
-    --prefill 0 --no-bf16 --steps 20 --also=-decode_attention 2>&1 | tee "$out/decode.log" | grep -v "^\[" | tail -26
+    --prefill 0 --no-bf16 --steps 20 --also=-rope_attention 2>&1 | tee "$out/decode.log" | grep -v "^\[" | tail -26

@@ -64,7 +64,8 @@ REASONS = {
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",
     "m_above_gemv": "quant_gemm: static M above the quantizing GEMV's 4 rows (batch 1-4 decode only)",
     "unfused_pair_faster": "gemm_silu_quant / quant_gemm: at this M and shape the fused launch has no measured win "
-                           "over two; norm_rope / qk_rope: Inductor's combo kernels measured faster here",
+                           "over two; norm_rope / qk_rope: Inductor's combo kernels measured faster here; "
+                           "rope_attention: with q / k norms, above 256 batch rows x kv heads",
     "kv_copy_faster": "gqa_attention: batch x kv heads too small to fill the GPU with the grouped SDPA; the copy + "
                       "per-head SDPA measured as fast (H200)",
     # runtime gates

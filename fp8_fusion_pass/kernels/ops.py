@@ -463,7 +463,7 @@ def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_c
     if (wq is None) != (wk is None):
         raise ValueError(f"{op}: wq and wk must both be given (Qwen3's q / k norms) or both be None (RoPE alone)")
     _check_norm_rope_cache(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache)
-    b, s, hq, d = q.shape
+    _, s, hq, d = q.shape
     hkv = k_cache.shape[1]
     if s != 1:
         raise ValueError(f"{op}: one token per step (a decode step), got {s}")

@@ -21,7 +21,8 @@ the attention is ``decode_attention_upto``'s. Not promised bit-exact (determinis
 
 Guards, each with its reason (``rope_attention_not_single``): one token per step; the RoPE op's q read by this
 attention alone, through reshapes that keep its [B, Hq, 1, D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
-the caches that op wrote; a kernel for the device (``no_fused_kernel``).
+the caches that op wrote. With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads (``unfused_pair_faster``:
+measured slower above). A kernel for the device (``no_fused_kernel``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ FUSED = _ops.rope_decode_attention.default
 ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
 ROPE_CACHE = (_ops.qk_rope_cache.default, _ops.rms_norm_rope_cache.default)
 _op = _graph.is_call
+# With Qwen3's q / k norms in the prologue, one launch measured slower above this many (batch row, kv head) pairs:
+# the Qwen3-8B engine step at batch 64 (512 pairs) took 5.163 ms with it, 4.854-4.862 ms without it in the runs
+# before; at batch 1-32 (8-256 pairs) it was 0.6-1.4% faster (H200, 2026-12-03, docs/benchmarks.md, "The RoPE in
+# the attention's launch"). Llama's RoPE alone was faster at every batch, 1-64.
+MAX_NORM_PAIRS = 256
 
 
 def _rope_q(att: Node) -> tuple[Node | None, list[Node]]:
@@ -79,12 +85,16 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
         return no(f"the RoPE op's q is also read by {readers[0].name}")
     q = _graph.val(af.kwargs["q"])
     q4 = _graph.val(att.args[0])
-    b, s, hq, d = q.shape
+    b, s, hq, _ = q.shape
     _, hkv, r, _ = q4.shape
     if not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
     if not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * r):
         return no(f"q's {hq} heads are not the attention's {hkv} kv heads x {r} rows")
+    if af.kwargs.get("wq") is not None and not statically_known_true(b * hkv <= MAX_NORM_PAIRS):
+        return guards.reject("unfused_pair_faster", f"{b} x {hkv} (batch x kv heads) above {MAX_NORM_PAIRS} with q / k "
+                             "norms: measured slower in one launch (Qwen3-8B at batch 64); the RoPE and the attention "
+                             "stay two launches")  # fmt: skip
     return guards.can_run_kernel("rope_decode_attention", q.device)
 
 

@@ -116,8 +116,10 @@ def test_rope_decode_attention_in_cuda_graph_replays():
     from attention_cases import rope_inputs
 
     q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = rope_inputs(8, 32, 8, 576, 128, [511] * 8, True, "cuda")
-    call = lambda: torch.ops.fp8_fusion.rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc,  # noqa: E731
-                                                               pos.view(-1), 128 ** -0.5, 128)  # fmt: skip
+    def call():
+        return torch.ops.fp8_fusion.rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, pos.view(-1),
+                                                          128**-0.5, 128)  # fmt: skip
+
     with backends.use_backend("triton"):
         want = call()  # eager first: the merge counters are allocated outside the graph
         graph = torch.cuda.CUDAGraph()

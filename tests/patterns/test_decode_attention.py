@@ -35,7 +35,8 @@ def _count(gm, target) -> int:
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
 def test_engine_decode_step_attends_in_one_op(preset):
     model, step, new_cache = _engine_step(preset)
-    with_it = _compiled_step(model, step, new_cache, FusionConfig())
+    # rope_attention off: it would take the op on into its own launch (tests/patterns/test_rope_attention.py)
+    with_it = _compiled_step(model, step, new_cache, FusionConfig(rope_attention=False))
     without = _compiled_step(model, step, new_cache, FusionConfig(decode_attention=False))
     assert with_it[2]["decode_attention"] == LAYERS and "decode_attention" not in without[2], with_it[2]
     assert "fp8_fusion.decode_attention_upto" in with_it[3] and "fp8_fusion.decode_attention" not in without[3]

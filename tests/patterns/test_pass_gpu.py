@@ -96,7 +96,8 @@ def test_engine_decode_step_writes_its_kv_cache_in_the_rope_launch(mode):
     ids = torch.randint(0, 100, (4, 1), device="cuda")
     positions = torch.tensor([[3], [9], [0], [15]], device="cuda")
     results = []
-    for config in (fp8_fusion_pass.FusionConfig(), fp8_fusion_pass.FusionConfig(rope_cache=False)):
+    # rope_attention off: it would take the RoPE op on into the attention's launch (not bit-exact; tested below)
+    for config in (fp8_fusion_pass.FusionConfig(rope_attention=False), fp8_fusion_pass.FusionConfig(rope_cache=False)):
         torch._dynamo.reset()
         report_mod.clear_reports()
         cache = model.new_kv_cache(4, 16)
@@ -176,7 +177,24 @@ def test_engine_decode_attention_in_one_launch(batch):
     # scores and probabilities to bf16 as the graph it replaces does, and the o_proj's fp8 quantization turns that
     # ~5e-3 change of the attention output into whole fp8 steps: 0.09 relative L2 of the logits after 2 layers
     # (CPU, exact attention vs the bf16 math form, both eager), more than the model's own compile noise.
-    model = build_model("llama3.1-8b", form="engine", layers=2, device="cuda")
+    model, step = _engine_8b_step("llama3.1-8b", batch)
+    err, noise = _with_and_without("decode_attention", model, step, batch, eager=_exact_attention(model))
+    assert err <= tolerances.pass_vs_eager_bound(noise)
+
+
+@pytest.mark.parametrize("preset, batch", [("llama3.1-8b", 1), ("llama3.1-8b", 64), ("qwen3-8b", 8)])
+def test_engine_rope_and_attention_in_one_launch(preset, batch):
+    # rope_attention: the RoPE (Qwen3: with its q / k norms) and the cache writes in the attention's launch, real
+    # 8B heads, 2 layers, against the model run eagerly with exact attention (as the test above, for its reason)
+    model, step = _engine_8b_step(preset, batch)
+    err, noise = _with_and_without("rope_attention", model, step, batch, eager=_exact_attention(model))
+    assert err <= tolerances.pass_vs_eager_bound(noise)
+
+
+def _engine_8b_step(preset: str, batch: int):
+    """(model, step): 2 layers of the preset's engine form, a 576-slot cache of random values, positions up to 511;
+    ``step(fn)`` restores the cache and runs one decode step through ``fn`` (the model, eager or compiled)."""
+    model = build_model(preset, form="engine", layers=2, device="cuda")
     ids = torch.randint(0, 1000, (batch, 1), device="cuda")
     positions = (511 - 7 * torch.arange(batch, device="cuda")).view(batch, 1)
     cache = model.new_kv_cache(batch, 576)
@@ -188,8 +206,7 @@ def test_engine_decode_attention_in_one_launch(batch):
         with torch.no_grad():
             return fn(ids, positions, cache).float()
 
-    err, noise = _with_and_without("decode_attention", model, step, batch, eager=_exact_attention(model))
-    assert err <= tolerances.pass_vs_eager_bound(noise)
+    return model, step
 
 
 def _exact_attention(model):

@@ -19,6 +19,12 @@ order: the result does not depend on scheduling. ``decode_attention_upto`` (the 
 at position 500 reads 501 keys. (A first pass over a mask to find its last visible key, ``trim``, was measured on
 the H200 and removed: in no batch's top 5 of the sweep, 2026-12-03.)
 
+``rope_decode_attention`` (``ROPE``, the ``rope_attention`` rewrite) starts from the step's q and k before RoPE:
+each program RoPEs its kv head's query rows (with ``NORM`` each head RMS-normed first, Qwen3's q / k norms) and the
+new k with ``rms_norm_rope``'s roundings, the program whose keys hold the new slot stores k and v there, and after a
+barrier its key loop reads them back like any other slot (no other program of that kv head reads the slot). Putting
+the new k / v into the loaded tiles with a select instead made decode steps 1.04-1.10x slower on the H200.
+
 Numerics: scores are fp32 dot products of the bf16 / fp16 q and k (exact products, fp32 sums), times ``scale`` in
 fp32; softmax in fp32; ``p`` is rounded to the value dtype for the p @ v MMA (fp32 sums), the division by the sum
 and the final rounding happen once, at the end. The math form rounds the scores to bf16 (its score GEMM's output)
@@ -306,11 +312,12 @@ def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_ca
     tables = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(-1)) for t in (cos, sin)]
     pos_b = positions.stride(0) if positions.dim() == 2 and positions.shape[0] > 1 else 0
     norm = wq is not None
-    rope = dict(
-        args=(wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
-              k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
-              pos_b, float(eps)),
-        NORM=norm)  # fmt: skip
+    rope = {
+        "args": (wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
+                 k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
+                 pos_b, float(eps)),
+        "NORM": norm,
+    }  # fmt: skip
     return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
                    group_size=group_size, shape=(b, hkv, r, d), q_strides=q_strides, rope=rope, both=True)
 

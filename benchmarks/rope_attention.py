@@ -1,0 +1,100 @@
+"""The decode step's RoPE + KV-cache writes + attention: two launches against ``rope_decode_attention``'s one.
+
+    PYTHONPATH=. python benchmarks/rope_attention.py --batches 1,8,32,64
+
+At 8B heads (32 query, 8 kv, head_dim 128), a ``--max-seq``-slot cache with ``--context`` slots in use, for Llama
+(RoPE alone) and Qwen3 (q / k norms first), with and without the o_proj's quant: "pair" is the RoPE kernel that
+writes the caches (``qk_rope_cache`` / ``rms_norm_rope_cache``) then ``decode_attention_upto`` (``_quant``), "fused"
+is ``rope_decode_attention``, what the ``rope_attention`` rewrite swaps in. One call per CUDA-graph replay (each
+replay writes the same slots with the same values), medians of ``decode.time_replays``; each fused output is checked
+against the pair's (the caches' bits, the output's relative L2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import decode  # noqa: E402
+from decode import capture, log, time_replays  # noqa: E402
+
+import fp8_fusion_pass.kernels.ops  # noqa: E402, F401
+
+ops = torch.ops.fp8_fusion
+
+
+def inputs(batch: int, norm: bool, max_seq: int, context: int, hq=32, hk=8, d=128):
+    """One token as the qkv GEMM leaves it (strided views of one output), norm weights, tables, positions, caches."""
+    dev = decode.DEVICE  # "cuda"; "cpu" when decode.py's dry run sets it (a smoke test of this script)
+    g = torch.Generator(device=dev).manual_seed(batch)
+    qkv = torch.randn(batch, 1, (hq + 2 * hk) * d, device=dev, dtype=torch.bfloat16, generator=g)
+    q = qkv[..., : hq * d].view(batch, 1, hq, d)
+    k = qkv[..., hq * d : (hq + hk) * d].view(batch, 1, hk, d)
+    v = qkv[..., (hq + hk) * d :].view(batch, 1, hk, d).transpose(1, 2)
+    w = [torch.randn(d, device=dev, dtype=torch.bfloat16, generator=g) if norm else None for _ in range(2)]
+    angle = torch.rand(batch, 1, d // 2, device=dev, generator=g).repeat(1, 1, 2) * 6
+    cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
+    kc = torch.randn(batch, hk, max_seq, d, device=dev, dtype=torch.bfloat16, generator=g)
+    vc = torch.randn(kc.shape, device=dev, dtype=torch.bfloat16, generator=g)
+    pos = torch.full((batch, 1), context, device=dev, dtype=torch.long)
+    return q, w[0], k, w[1], 1e-6, cos, sin, v, pos, kc, vc
+
+
+def pair(args, group: int):
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    if wq is None:
+        q_out = ops.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
+    else:
+        q_out = ops.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
+    b, hq, _, d = q_out.shape
+    q4 = q_out.reshape(b, kc.shape[1], hq // kc.shape[1], d)
+    scale = d**-0.5
+    if group:
+        return ops.decode_attention_upto_quant(q4, kc, vc, pos.view(-1), scale, group)
+    return ops.decode_attention_upto(q4, kc, vc, pos.view(-1), scale), None
+
+
+def fused(args, group: int):
+    return ops.rope_decode_attention(*args, args[8].view(-1), args[0].shape[-1] ** -0.5, group)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--max-seq", type=int, default=576)
+    a = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    rows = []
+    for batch in (int(b) for b in a.batches.split(",")):
+        for model, norm in (("llama", False), ("qwen3", True)):
+            for group in (0, 128):
+                times, outs = {}, {}
+                for name, fn in (("pair", pair), ("fused", fused)):
+                    args = inputs(batch, norm, a.max_seq, a.context)
+                    outs[name] = (*fn(args, group), args[9], args[10])  # eager first: the merge counters
+                    graph, _ = capture(lambda *x, fn=fn: fn(x, group), args)
+                    times[name] = time_replays(graph, 200) * 1e3
+                o_p, s_p, kc_p, vc_p = outs["pair"]
+                o_f, s_f, kc_f, vc_f = outs["fused"]
+                deq = (lambda o, s: o.float() * s) if group else (lambda o, s: o.float())
+                err = ((deq(o_f, s_f) - deq(o_p, s_p)).norm() / deq(o_p, s_p).norm()).item()
+                same = torch.equal(kc_f, kc_p) and torch.equal(vc_f, vc_p)
+                rows.append([batch, model, "quant" if group else "-", f"{times['pair']:.1f}", f"{times['fused']:.1f}",
+                             f"{times['pair'] / times['fused']:.3f}x", same, f"{err:.1e}"])  # fmt: skip
+                log(" ".join(map(str, rows[-1])))
+    from tabulate import tabulate
+
+    print(tabulate(rows, headers=["batch", "model", "o_proj quant", "pair us", "fused us", "pair / fused",
+                                  "caches equal", "out rel err"]))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""``rope_decode_attention``: the decode-attention kernel with the step's RoPE (Qwen3: q / k norms too) and its
+k / v cache writes in its prologue (CPU interpreter), against the two launches it stands for (the ``*_rope_cache``
+kernel, then ``decode_attention_upto``), the new slot read back after its write, slots outside the cache or after
+``last``, and the op's input checks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported: triton.jit reads it when a kernel is defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import tolerances
+from attention_cases import rel_l2, rope_inputs
+from elementwise_checks import KERNEL_TEST_MARKS
+
+import fp8_fusion_pass.kernels.ops  # noqa: F401
+from fp8_fusion_pass.kernels import backends
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import decode_attention as kernel
+from fp8_fusion_pass.kernels.triton import rms_norm_rope
+
+pytestmark = KERNEL_TEST_MARKS
+OP = torch.ops.fp8_fusion.rope_decode_attention
+ONE_SPLIT = kernel.AttentionConfig(programs=0)
+
+
+def _pair(args, last, scale, group, cfg):
+    """The two launches: the RoPE kernel writing the caches (in place), then the attention on its q."""
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    if wq is None:
+        q_out = rms_norm_rope.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
+    else:
+        q_out = rms_norm_rope.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
+    b, hq, _, d = q_out.shape
+    q4 = q_out.reshape(b, kc.shape[1], hq // kc.shape[1], d)
+    if group:
+        return kernel.decode_attention_upto_quant(q4, kc, vc, last, scale, group, cfg)
+    return kernel.decode_attention_upto(q4, kc, vc, last, scale, cfg), None
+
+
+def _clone(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT], ids=str)
+@pytest.mark.parametrize("quant", [False, True])
+@pytest.mark.parametrize("b, hq, hk, t, d", [(2, 8, 2, 200, 64), (3, 4, 4, 40, 32)])
+def test_llama_rope_then_attention_bit_for_bit(cfg, quant, b, hq, hk, t, d):
+    # RoPE alone: the same roundings as the RoPE kernel, so the caches and the output are the pair's bits; the new
+    # slots held far-off values before (rope_inputs), so a read of one before its write would show
+    positions = [(t - 1 - 37 * i) % t for i in range(b)]
+    group = d // 2 if quant else 0
+    args = rope_inputs(b, hq, hk, t, d, positions, norm=False)
+    last = args[8].view(-1)
+    pair_args = _clone(args)
+    want_o, want_s = _pair(pair_args, last, d**-0.5, group, cfg)
+    got_args = _clone(args)
+    got_o, got_s = kernel.rope_decode_attention(*got_args, last, d**-0.5, group, cfg)
+    assert torch.equal(got_args[9], pair_args[9]) and torch.equal(got_args[10], pair_args[10])
+    assert not torch.equal(got_args[9], args[9])  # the step did write its slots
+    assert torch.equal(got_o.view(torch.uint8), want_o.view(torch.uint8))
+    if group:
+        assert torch.equal(got_s, want_s)
+    else:
+        assert got_s.shape == (b, hk, hq // hk, 0) and got_o.dtype == args[0].dtype
+
+
+@pytest.mark.parametrize("group", [0, 128])
+def test_qwen3_norms_rope_then_attention(group):
+    # with the norms the sum of squares runs in another order than the RoPE kernel's two halves: an ulp, rarely
+    args = rope_inputs(2, 8, 2, 300, 128, [299, 17], norm=True)
+    last = args[8].view(-1)
+    pair_args, got_args = _clone(args), _clone(args)
+    want_o, want_s = _pair(pair_args, last, 128**-0.5, group, kernel.DEFAULT)
+    got_o, got_s = kernel.rope_decode_attention(*got_args, last, 128**-0.5, group)
+    assert torch.equal(got_args[10], pair_args[10])  # v is copied
+    k_diff = (got_args[9].float() - pair_args[9].float()).abs()
+    assert k_diff.max() <= 2**-7 * pair_args[9].float().abs().max()
+    if group:
+        assert rel_l2(got_o.float() * got_s, want_o.float() * want_s) <= 1e-2
+    else:
+        assert rel_l2(got_o, want_o) <= tolerances.ATTENTION_REL_L2
+    want = ref.rope_decode_attention(*_clone(args), last, 128**-0.5)
+    assert group or rel_l2(got_o, want) <= tolerances.ATTENTION_REL_L2
+
+
+def test_a_slot_outside_the_cache_writes_nothing_and_one_after_last_is_not_read():
+    args = rope_inputs(2, 4, 2, 64, 32, [0, 0], norm=False)
+    pos = torch.tensor([[64 + 5], [30]])  # row 0: outside [-T, T); row 1: written at 30, read up to 20 only
+    args = (*args[:8], pos, *args[9:])
+    last = torch.tensor([63, 20])
+    got_args = _clone(args)
+    got_o, _ = kernel.rope_decode_attention(*got_args, last, 32**-0.5, 0)
+    assert torch.equal(got_args[9][0], args[9][0]) and torch.equal(got_args[10][0], args[10][0])
+    assert not torch.equal(got_args[9][1, :, 30], args[9][1, :, 30])
+    assert torch.equal(got_args[9][1, :, :30], args[9][1, :, :30])
+    # row 1 attends to slots 0..20 only, which the step did not touch: the upto op over the old cache and roped q
+    q_out = rms_norm_rope.qk_rope(args[0], args[2], args[5], args[6])[0].reshape(2, 2, 2, 32)
+    want = kernel.decode_attention_upto(q_out, args[9], args[10], last, 32**-0.5)
+    assert torch.equal(got_o[1], want[1])
+
+
+def test_op_runs_the_triton_kernel_and_checks_inputs():
+    args = rope_inputs(2, 8, 2, 64, 64, [63, 10], norm=True)
+    last = args[8].view(-1)
+    with backends.use_backend("triton"):
+        got_o, got_s = OP(*_clone(args), last, 0.125, 0)
+    want = ref.rope_decode_attention(*_clone(args), last, 0.125)
+    assert rel_l2(got_o, want) <= tolerances.ATTENTION_REL_L2 and got_s.shape == (2, 2, 4, 0)
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    with pytest.raises(ValueError, match="both be given"):
+        OP(q, wq, k, None, eps, cos, sin, v, pos, kc, vc, last, 0.125, 0)
+    with pytest.raises(ValueError, match="one token per step"):
+        two = torch.cat([q, q], 1), torch.cat([k, k], 1), torch.cat([v, v], 2)
+        OP(two[0], wq, two[1], wk, eps, cos.expand(2, 2, 64), sin.expand(2, 2, 64), two[2], pos.expand(2, 2), kc,
+           vc, last, 0.125, 0)  # fmt: skip
+    with pytest.raises(ValueError, match="multiple of the kv heads"):
+        OP(q[:, :, :7], wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, 0)
+    with pytest.raises(ValueError, match="group_size must be 0"):
+        OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, -1)
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, 48)
+    with pytest.raises(TypeError, match="1-D int32 / int64"):
+        OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last.float(), 0.125, 0)

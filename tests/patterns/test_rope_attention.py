@@ -1,0 +1,94 @@
+"""rope_attention: the decode step's RoPE op (which writes k / v into the static caches) and the decode attention
+that reads them become one ``fp8_fusion.rope_decode_attention`` launch.
+
+On the CPU (the op's reference runs there): whole engine decode steps compiled with and without the rewrite (the
+reference composes the same two ops, so bit for bit), the o_proj's quant folded in at batch > 4, and each guard.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import torch
+from pattern_helpers import capture, run_pass
+from test_rope_cache import LAYERS, _compiled_step, _engine_step
+
+from fp8_fusion_pass import report as report_mod
+from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.patterns import rope_attention
+
+FUSED = torch.ops.fp8_fusion.rope_decode_attention.default
+WITHOUT = FusionConfig(rope_attention=False)
+
+
+def _count(gm, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is target or (n.args and n.args[0] is target))
+
+
+def _graph(preset: str, batch: int, config: FusionConfig | None = None):
+    model, _, _ = _engine_step(preset)
+    cache = model.new_kv_cache(batch, 16)
+    ids, pos = torch.zeros(batch, 1, dtype=torch.long), torch.tensor([[(3 + 5 * i) % 16] for i in range(batch)])
+    (gm,) = capture(lambda ids, pos: model(ids, pos, cache), ids, pos)
+    return run_pass(gm, config or FusionConfig())
+
+
+def test_engine_decode_steps_rope_and_attend_in_one_launch():
+    for preset, rope in (("llama-tiny", "qk_rope"), ("qwen3-tiny", "norm_rope")):
+        model, step, new_cache = _engine_step(preset)
+        with_it = _compiled_step(model, step, new_cache, FusionConfig())
+        without = _compiled_step(model, step, new_cache, WITHOUT)
+        assert with_it[2]["rope_attention"] == LAYERS and "rope_attention" not in without[2], with_it[2]
+        assert with_it[2][rope] == with_it[2]["rope_cache"] == with_it[2]["decode_attention"] == LAYERS
+        assert "fp8_fusion.rope_decode_attention" in with_it[3] and "rope_cache.default" not in with_it[3]
+        # Inductor reinplaced the op: each call gets two of the graph's inputs (argN_1) as its caches, not a copy
+        calls = [ln for ln in with_it[3].splitlines() if "= torch.ops.fp8_fusion.rope_decode_attention.default(" in ln]
+        assert len(calls) == LAYERS and all(re.search(r", arg\d+_1, arg\d+_1, ", ln) for ln in calls), calls
+        # the reference is the two ops composed: the same logits and the same caches, written in place
+        assert torch.equal(with_it[0], without[0]) and all(torch.equal(a, b) for a, b in zip(with_it[1], without[1]))
+        _, untouched = new_cache()
+        assert not all(torch.equal(a, b) for a, b in zip(with_it[1], untouched))
+
+
+def test_the_o_proj_quant_folded_in_goes_along():
+    # batch 6: the attention's output quant is the attention op's (decode_attention's fold: head dim 128, so
+    # qwen3-tiny); the fused op takes it
+    r, out = _graph("qwen3-tiny", 6)
+    fused = [n for n in out.graph.nodes if n.args and n.args[0] is FUSED]
+    assert len(fused) == LAYERS and r.counts()["rope_attention"] == LAYERS, r.render()
+    assert {n.kwargs["group_size"] for n in fused} == {128}
+    assert _count(out, torch.ops.fp8_fusion.decode_attention_upto_quant.default) == 0
+    assert "(and its quant)" in next(d.detail for d in r.applied if d.pattern == "rope_attention")
+
+
+def test_norms_over_many_pairs_stay_two_launches(monkeypatch):
+    monkeypatch.setattr(rope_attention, "MAX_NORM_PAIRS", 4)  # qwen3-tiny: 3 batch rows x 2 kv heads = 6 pairs
+    r, out = _graph("qwen3-tiny", 3)
+    assert r.rejection_reasons().get("unfused_pair_faster") == LAYERS and "rope_attention" not in r.counts()
+    assert _count(out, FUSED) == 0
+    r, _ = _graph("llama-tiny", 3)  # no norms: taken at any size
+    assert r.counts()["rope_attention"] == LAYERS
+
+
+def test_a_q_read_elsewhere_keeps_two_launches():
+    _, out = _graph("llama-tiny", 3, WITHOUT)
+    graph = out.graph
+    q_outs = [n for n in graph.nodes if n.target is operator.getitem and n.args[1] == 0
+              and getattr(n.args[0], "args", None) and n.args[0].args[0] is torch.ops.fp8_fusion.qk_rope_cache.default]
+    assert len(q_outs) == LAYERS
+    with graph.inserting_after(q_outs[0]):
+        graph.call_function(torch.ops.aten.neg.default, (q_outs[0],))
+    report = report_mod.new_report()
+    rope_attention.run(graph, report)
+    assert report.rejection_reasons() == {"rope_attention_not_single": 1} and report.counts()["rope_attention"] == 1
+    assert "also read by neg" in report.render()
+
+
+def test_deterministic_mode_keeps_it_off():
+    torch.use_deterministic_algorithms(True)
+    try:
+        r, out = _graph("llama-tiny", 3)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "rope_attention" not in r.counts() and _count(out, FUSED) == 0
