@@ -22,8 +22,9 @@ the H200 and removed: in no batch's top 5 of the sweep, 2026-12-03.)
 ``rope_decode_attention`` (``ROPE``, the ``rope_attention`` rewrite) starts from the step's q and k before RoPE:
 each program RoPEs its kv head's query rows (with ``NORM`` each head RMS-normed first, Qwen3's q / k norms) and the
 new k with ``rms_norm_rope``'s roundings, the program whose keys hold the new slot stores k and v there, and after a
-barrier its key loop reads them back like any other slot (no other program of that kv head reads the slot). Putting
-the new k / v into the loaded tiles with a select instead made decode steps 1.04-1.10x slower on the H200.
+barrier its key loop reads them back like any other slot (no other program of that kv head reads the slot). A first
+version put the new k / v into the loaded tiles with a select in the key loop and compiled the kernel without fp
+fusion: decode steps up to 1.10x slower on the H200 (which of the two cost it was not profiled).
 
 Numerics: scores are fp32 dot products of the bf16 / fp16 q and k (exact products, fp32 sums), times ``scale`` in
 fp32; softmax in fp32; ``p`` is rounded to the value dtype for the p @ v MMA (fp32 sums), the division by the sum
@@ -197,8 +198,7 @@ def _decode_attention_kernel(
         tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
         tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
         # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot back
-        # (a select of the registers inside the loop instead kept Triton from feeding the MMAs straight from the
-        # pipelined loads: 1.04-1.10x slower decode steps on the H200)
+        # (a select of the registers inside the loop, the first version, measured slower: the module docstring)
         tl.debug_barrier()
     q = _mma_operand(q, EMULATE_CAST)
     if UPTO:
