@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                 for name, fn in (("pair", pair), ("fused", fused)):
                     args = inputs(batch, norm, a.max_seq, a.context)
                     outs[name] = (*fn(args, group), args[9], args[10])  # eager first: the merge counters
-                    graph, _ = capture(lambda *x, fn=fn: fn(x, group), args)
+                    graph, _ = capture(lambda *x, fn=fn, group=group: fn(x, group), args)
                     times[name] = time_replays(graph, 200) * 1e3
                 o_p, s_p, kc_p, vc_p = outs["pair"]
                 o_f, s_f, kc_f, vc_f = outs["fused"]

@@ -62,7 +62,8 @@ print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir)
 def test_every_variant_builds_its_ir(rope, norm, quant, upto):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     flags = [str(int(f)) for f in (rope, norm, quant, upto)]
-    done = subprocess.run([sys.executable, "-c", CHILD, *flags], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHILD, *flags], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
     if done.stdout.startswith("SKIP"):
         pytest.skip(done.stdout[5:].strip())
     assert done.returncode == 0, done.stderr[-3000:]
