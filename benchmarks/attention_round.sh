@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call's worth of the decode-attention checks, in the order that matters if the call is cut short:
-# correctness first (GPU tests), then the decode step with and without the newest rewrite.
-#     OUT=/some/dir bash benchmarks/attention_round.sh          (on the H200: about 7 minutes; logs under $OUT)
+# correctness first (GPU tests), then the RoPE + attention launches alone (benchmarks/rope_attention.py: the
+# pair against the fused op, Qwen3's batch 64 included, which the rewrite declines), then the decode step with and
+# without the newest rewrite.
+#     OUT=/some/dir bash benchmarks/attention_round.sh          (on the H200: about 8 minutes; logs under $OUT)
 #     OUT=/some/dir bash benchmarks/attention_round.sh 32b      (Qwen3-32B's step instead: about 5 minutes)
 # Each step has its own time limit and the next runs whatever the last one did; decode.py prints its table when
 # its limit stops it. The commands are the ones docs/benchmarks.md records ("Decode attention in one launch", "The
@@ -19,5 +21,6 @@ fi
 timeout 150 python -m pytest -q -p no:logging -m gpu tests/kernels/test_attention_kernel_gpu.py \
     tests/patterns/test_pass_gpu.py -k "attention or rope" -s 2>&1 | grep -v DEBUG > "$out/tests.log"
 grep -E "passed|failed|FAILED|vs eager|^batch" "$out/tests.log" | tail -20
+timeout 90 python benchmarks/rope_attention.py --batches 1,8,32,64 2>&1 | tee "$out/rope.log" | tail -18
 timeout 300 python benchmarks/decode.py --presets llama3.1-8b,qwen3-8b --forms engine --batches 1,8,32,64 \
     --prefill 0 --no-bf16 --steps 20 --also=-rope_attention 2>&1 | tee "$out/decode.log" | grep -v "^\[" | tail -26
