@@ -56,8 +56,8 @@ class FusionConfig:
     # deterministic mode keeps it off; measured on the H200 (docs/benchmarks.md).
     decode_attention: bool = True
     # the RoPE op that writes the KV caches -> the decode attention that reads them, one token  =>  one launch (the
-    # RoPE, its cache writes and the attention: patterns/rope_attention.py). Not bit-exact (deterministic mode keeps
-    # it off); measured on the H200 (docs/benchmarks.md).
+    # RoPE, its cache writes and the attention: patterns/rope_attention.py). Not promised bit-exact (Qwen3's norms sum
+    # in another order; the fused kernel compiles apart), so deterministic mode keeps it off; measured on the H200.
     rope_attention: bool = True
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)

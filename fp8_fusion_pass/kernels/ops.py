@@ -467,8 +467,8 @@ def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_c
     hkv = k_cache.shape[1]
     if s != 1:
         raise ValueError(f"{op}: one token per step (a decode step), got {s}")
-    if hq % hkv:
-        raise ValueError(f"{op}: the query heads ({hq}) must be a multiple of the kv heads ({hkv})")
+    if hq == 0 or hq % hkv:
+        raise ValueError(f"{op}: the query heads ({hq}) must be a positive multiple of the kv heads ({hkv})")
     if d & (d - 1) or d < 16:
         raise ValueError(f"{op}: the head dim must be a power of two of at least 16 (one tile per head), got {d}")
     grouped = q.squeeze(1).unflatten(1, (hkv, hq // hkv))  # a view: the attention's [B, Hkv, R, D] q, no copy

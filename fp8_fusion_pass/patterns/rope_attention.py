@@ -14,14 +14,16 @@
 Why: after the other rewrites a decode layer's attention is two launches of ours, the RoPE kernel that writes k / v
 into their slots and the attention that reads them back. Both are latency-bound at decode (1.5 us for the RoPE on
 the H200 at batch 8, ~6-10 us for the attention), so one launch saves the RoPE's launch and its round trip through
-HBM: the attention program whose keys hold the new slot computes k / v itself, stores them, and takes them from
-registers for its own scores (``kernels/triton/decode_attention.py``). The RoPE steps are ``rms_norm_rope``'s, each
+HBM: the attention program whose keys hold the new slot computes k / v itself, stores them there and, after a
+barrier, reads them back in its key loop (``kernels/triton/decode_attention.py``). The RoPE steps are ``rms_norm_rope``'s, each
 product rounded as eager rounds it, so the caches get the pair's bits up to the order of the norm's sum of squares;
-the attention is ``decode_attention_upto``'s. Not promised bit-exact (deterministic mode keeps it off).
+the attention is ``decode_attention_upto``'s. Not promised bit-exact (Qwen3's norms sum their squares in another
+order; on a GPU the fused kernel is compiled apart from the two it replaces), so deterministic mode keeps it off.
 
 Guards, each with its reason (``rope_attention_not_single``): one token per step; the RoPE op's q read by this
 attention alone, through reshapes that keep its [B, Hq, 1, D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
-the caches that op wrote. With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads (``unfused_pair_faster``:
+the caches that op wrote, whole (no view of a cache base); its outputs read one by one; a head dim the kernel takes
+(a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads (``unfused_pair_faster``:
 measured slower above). A kernel for the device (``no_fused_kernel``).
 """
 
@@ -78,6 +80,11 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
     outs = _outputs(af)
     if len(outs) != len(af.users):
         return no("the RoPE op's outputs are read as a tuple")
+    if att.target is _ops.decode_attention_upto_quant.default and not all(_op(u, operator.getitem) for u in att.users):
+        return no("the attention's outputs are read as a tuple")
+    views = {k: v for k, v in af.kwargs.items() if k.startswith(("_k_cache_", "_v_cache_"))}
+    if views != {"_k_cache_base_index": 0, "_v_cache_base_index": 1}:
+        return no(f"the RoPE op writes views of its cache bases ({views}), not the bases whole")
     if (att.args[1], att.args[2]) != (outs.get(1), outs.get(2)):
         return no("the attention does not read the caches this RoPE op wrote")
     readers = [u for n in q_chain for u in n.users if u not in (*q_chain, att)]
@@ -85,16 +92,18 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
         return no(f"the RoPE op's q is also read by {readers[0].name}")
     q = _graph.val(af.kwargs["q"])
     q4 = _graph.val(att.args[0])
-    b, s, hq, _ = q.shape
+    b, s, hq, d = q.shape
     _, hkv, r, _ = q4.shape
     if not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
+    if not (isinstance(d, int) and d >= 16 and d & (d - 1) == 0):
+        return no(f"head dim {d} is not a power of two of at least 16 (the fused kernel's one tile per head)")
     if not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * r):
         return no(f"q's {hq} heads are not the attention's {hkv} kv heads x {r} rows")
     if af.kwargs.get("wq") is not None and not statically_known_true(b * hkv <= MAX_NORM_PAIRS):
-        return guards.reject("unfused_pair_faster", f"{b} x {hkv} (batch x kv heads) above {MAX_NORM_PAIRS} with q / k "
-                             "norms: measured slower in one launch (Qwen3-8B at batch 64); the RoPE and the attention "
-                             "stay two launches")  # fmt: skip
+        return guards.reject("unfused_pair_faster", f"{b} x {hkv} (batch x kv heads) not known to be at most "
+                             f"{MAX_NORM_PAIRS}, with q / k norms: measured slower in one launch above that (Qwen3-8B "
+                             "at batch 64); the RoPE and the attention stay two launches")  # fmt: skip
     return guards.can_run_kernel("rope_decode_attention", q.device)
 
 

@@ -41,9 +41,10 @@ for p in fn.params:
         sig[p.name] = POINTERS.get(p.name, "*bf16")
     else:
         sig[p.name] = "fp32" if p.name in ("scale", "eps") else "i32"
-rope, norm, quant, upto = (v == "1" for v in sys.argv[1:5])
+rope, norm, quant, upto, ptx = (v == "1" for v in sys.argv[1:6])
 constexprs = dict(D=128, BLOCK_R=16, BLOCK_D=128, BLOCK_T=64, SPLITS=3, BLOCK_S=4, UPTO=upto, EMULATE_CAST=False,
-                  QUANT=quant, G=128, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, PTX=True, ROPE=rope, NORM=norm)
+                  QUANT=quant, G=128, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, PTX=ptx, ROPE=rope, NORM=norm,
+                  NEW_FROM_REGISTERS=rope and not ptx)
 src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -56,16 +57,17 @@ print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir)
 """
 
 
-@pytest.mark.parametrize("rope, norm, quant, upto", [
-    (False, False, False, False), (False, False, True, True), (True, False, False, True), (True, True, True, True),
+@pytest.mark.parametrize("rope, norm, quant, upto, ptx", [
+    (False, False, False, False, True), (False, False, True, True, True), (True, False, False, True, True),
+    (True, True, True, True, True), (True, True, True, True, False),  # the last: ROCm's path (no PTX, the select)
 ])  # fmt: skip
-def test_every_variant_builds_its_ir(rope, norm, quant, upto):
+def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    flags = [str(int(f)) for f in (rope, norm, quant, upto)]
+    flags = [str(int(f)) for f in (rope, norm, quant, upto, ptx)]
     done = subprocess.run([sys.executable, "-c", CHILD, *flags], env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     if done.stdout.startswith("SKIP"):
         pytest.skip(done.stdout[5:].strip())
     assert done.returncode == 0, done.stderr[-3000:]
-    # the MMAs are there; RoPE's products go by mul.rn exactly when the variant has the RoPE prologue
-    assert f"DOT True MULRN {rope}" in done.stdout, done.stdout
+    # the MMAs are there; RoPE's products go by mul.rn exactly when the variant has the RoPE prologue on NVIDIA
+    assert f"DOT True MULRN {rope and ptx}" in done.stdout, done.stdout

@@ -88,6 +88,36 @@ def test_qwen3_norms_rope_then_attention(group):
     assert group or rel_l2(got_o, want) <= tolerances.ATTENTION_REL_L2
 
 
+@pytest.mark.parametrize("registers", [False, True], ids=["stored", "from_registers"])
+def test_the_owner_of_each_split_and_negative_slots(monkeypatch, registers):
+    # seven splits of 16 keys; the new slots fall in the first, a middle and the last split, one given negative
+    # (from the end); both ways the new k / v reach the key loop: stored and read back (NVIDIA, the interpreter), or
+    # from registers (ROCm's path)
+    monkeypatch.setattr(kernel, "new_from_registers", lambda _: registers)
+    cfg = kernel.AttentionConfig(block_t=16, programs=16)
+    assert kernel.plan(3 * 2, 112, kernel._sm_count(torch.device("cpu")), cfg)[0] == 7
+    args = rope_inputs(3, 4, 2, 112, 32, [5, 60, 111], norm=True)
+    args = (*args[:8], torch.tensor([[5], [60], [-1]]), *args[9:])  # -1: slot 111
+    last = torch.tensor([5, 111, 111])
+    pair_args, got_args = _clone(args), _clone(args)
+    want_o, _ = _pair(pair_args, last, 32**-0.5, 0, cfg)
+    got_o, _ = kernel.rope_decode_attention(*got_args, last, 32**-0.5, 0, cfg)
+    assert torch.equal(got_args[10], pair_args[10]) and torch.equal(got_args[9], pair_args[9])
+    assert torch.equal(got_o, want_o)
+
+
+def test_one_shared_position_and_table():
+    # HF's cache_position [1] and one [1, 1, D] table for every batch row, the table's D stride not 1
+    args = rope_inputs(2, 4, 2, 40, 32, [7, 7], norm=False)
+    table = torch.randn(1, 1, 96).to(torch.bfloat16)[..., ::3]
+    args = (*args[:5], table.cos(), table.sin(), args[7], torch.tensor([7]), *args[9:])
+    last = torch.tensor([7, 7])
+    pair_args, got_args = _clone(args), _clone(args)
+    want_o, _ = _pair(pair_args, last, 32**-0.5, 0, kernel.DEFAULT)
+    got_o, _ = kernel.rope_decode_attention(*got_args, last, 32**-0.5, 0)
+    assert torch.equal(got_args[9], pair_args[9]) and torch.equal(got_o, want_o)
+
+
 def test_a_slot_outside_the_cache_writes_nothing_and_one_after_last_is_not_read():
     args = rope_inputs(2, 4, 2, 64, 32, [0, 0], norm=False)
     pos = torch.tensor([[64 + 5], [30]])  # row 0: outside [-T, T); row 1: written at 30, read up to 20 only
@@ -118,7 +148,7 @@ def test_op_runs_the_triton_kernel_and_checks_inputs():
         two = torch.cat([q, q], 1), torch.cat([k, k], 1), torch.cat([v, v], 2)
         OP(two[0], wq, two[1], wk, eps, cos.expand(2, 2, 64), sin.expand(2, 2, 64), two[2], pos.expand(2, 2), kc,
            vc, last, 0.125, 0)  # fmt: skip
-    with pytest.raises(ValueError, match="multiple of the kv heads"):
+    with pytest.raises(ValueError, match="positive multiple of the kv heads"):
         OP(q[:, :, :7], wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, 0)
     with pytest.raises(ValueError, match="group_size must be 0"):
         OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, -1)

@@ -22,7 +22,8 @@ the H200 and removed: in no batch's top 5 of the sweep, 2026-12-03.)
 ``rope_decode_attention`` (``ROPE``, the ``rope_attention`` rewrite) starts from the step's q and k before RoPE:
 each program RoPEs its kv head's query rows (with ``NORM`` each head RMS-normed first, Qwen3's q / k norms) and the
 new k with ``rms_norm_rope``'s roundings, the program whose keys hold the new slot stores k and v there, and after a
-barrier its key loop reads them back like any other slot (no other program of that kv head reads the slot). A first
+barrier its key loop reads them back like any other slot (no other program of that kv head reads the slot; off
+NVIDIA, with no barrier promised to order global memory, the loop takes them from registers instead). A first
 version put the new k / v into the loaded tiles with a select in the key loop and compiled the kernel without fp
 fusion: decode steps up to 1.10x slower on the H200 (which of the two cost it was not profiled).
 
@@ -152,6 +153,7 @@ def _decode_attention_kernel(
     QUANT: tl.constexpr,  # o_ptr is fp8 and s_ptr its scales [B, Hkv, R, D / G]: the output rounded, then group-quantized
     G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
     ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
+    NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -198,8 +200,10 @@ def _decode_attention_kernel(
         tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
         tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
         # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot back
-        # (a select of the registers inside the loop, the first version, measured slower: the module docstring)
+        # (a select of the registers inside the loop, the first version, measured slower: the module docstring).
+        # Off NVIDIA, where no barrier lowering promises that for global memory, the select it is (not measured).
         tl.debug_barrier()
+        new_at = tl.where(mine, slot, -1)
     q = _mma_operand(q, EMULATE_CAST)
     if UPTO:
         last_b = tl.load(keep_ptr + b * smb)
@@ -219,6 +223,9 @@ def _decode_attention_kernel(
                     other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
         v = tl.load(v_base + t[:, None] * svt + cols[None, :] * svd, mask=t_ok[:, None] & col_ok[None, :],
                     other=0.0)  # fmt: skip
+        if NEW_FROM_REGISTERS:
+            k = tl.where((t == new_at)[None, :], k_new[:, None], k)
+            v = tl.where((t == new_at)[:, None], v_new[None, :], v)
         s = tl.where(keep, tl.dot(q, _mma_operand(k, EMULATE_CAST)) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every exp below is 0
@@ -299,6 +306,13 @@ def decode_attention_upto_quant(q, k_cache, v_cache, last, scale: float, group_s
                    group_size=group_size)  # fmt: skip
 
 
+def new_from_registers(constexprs: dict) -> bool:
+    """The RoPE prologue's new k / v reach the key loop from registers (a select in the loop) rather than stored,
+    a barrier, and read back: off NVIDIA (ROCm), where no barrier lowering promises to order global memory between
+    a program's threads. The interpreter runs programs one thread at a time: the NVIDIA path."""
+    return not constexprs["PTX"] and not constexprs["EMULATE_CAST"]
+
+
 def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last, scale: float,
                           group_size: int, cfg: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``reference.rope_decode_attention`` in one launch: the step's q / k (Qwen3: normed) and RoPE'd, k and v
@@ -346,6 +360,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         part = torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=q.device)
         ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
     rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,)
+    constexprs = kernel_constexprs(q.device)
     _decode_attention_kernel[(pairs, splits)](
         q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
         hkv, r, t, per, float(scale),
@@ -353,10 +368,11 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         *rope_args,
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
-        **kernel_constexprs(q.device), ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
+        **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
+        NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
-        **({"enable_fp_fusion": False} if rope and not kernel_constexprs(q.device)["PTX"] else {}),
+        **({"enable_fp_fusion": False} if rope and not constexprs["PTX"] else {}),
     )  # fmt: skip
     return (out, scales) if quant or both else out
