@@ -58,6 +58,15 @@ def strip_reshapes(node: Node) -> tuple[Node, list[Node]]:
     return node, chain
 
 
+def through_views(node: Node, chain: list[Node]) -> Node:
+    """Walk back from ``node`` through reshapes and expands that keep the shape (what ``matmul`` adds around a
+    bmm), appending each to ``chain``; returns the first node that is neither."""
+    while is_call(node, *RESHAPES) or (is_call(node, aten.expand.default) and same_shape(node, node.args[0])):
+        chain.append(node)
+        node = node.args[0]
+    return node
+
+
 def keeps_last_dim(chain: list[Node]) -> bool:
     """Every reshape in ``chain`` keeps the last dim, so a per-row group quant commutes with it."""
     for r in chain:

@@ -59,15 +59,6 @@ class _NotPlain(Exception):
 _op = _graph.is_call
 
 
-def _through_views(node: Node, chain: list[Node]) -> Node:
-    """Walk back through reshapes and expands that keep the shape (what ``matmul`` adds around a bmm)."""
-    while _op(node, *_graph.RESHAPES) or (
-            _op(node, aten.expand.default) and _graph.same_shape(node, node.args[0])):  # fmt: skip
-        chain.append(node)
-        node = node.args[0]
-    return node
-
-
 def _last_dim(node: Node) -> bool:
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
@@ -170,7 +161,7 @@ def _scaled(s: Node, chain: list[Node]) -> tuple[Node, Node, float, Node]:
     if not (_op(s, CONVERT) and s.args[1] == torch.float32):
         raise _NotPlain("the scores are not the score GEMM's output widened to fp32 (times a number)")
     chain.append(s)
-    found = _unpadded(_through_views(s.args[0], chain))
+    found = _unpadded(_graph.through_views(s.args[0], chain))
     if found is None:
         raise _NotPlain("the scores are not one bmm's output")
     bmm, q3, padding = found
@@ -180,7 +171,7 @@ def _scaled(s: Node, chain: list[Node]) -> tuple[Node, Node, float, Node]:
 
 def _cache(node: Node, transposed: bool, chain: list[Node]) -> Node:
     """The [B, Hkv, T, D] tensor a bmm operand views (``transposed``: through ``permute(0, 1, 3, 2)``)."""
-    src = _through_views(node, chain)
+    src = _graph.through_views(node, chain)
     if transposed:
         if not (_op(src, aten.permute.default) and list(src.args[1]) == [0, 1, 3, 2]):
             raise _NotPlain("the keys are not a [B, Hkv, T, D] tensor transposed")
@@ -202,7 +193,7 @@ class Match:
         if padded is not None:
             _, operand, (self.out, cat) = padded
             self.nodes = [self.out, pv, cat]  # out first: nothing after it is the match's own reader
-        probs = _through_views(operand, self.nodes)
+        probs = _graph.through_views(operand, self.nodes)
         if not (_op(probs, CONVERT) and probs.args[1] in HALF):
             raise LookupError
         found = softmax_input(probs.args[0])

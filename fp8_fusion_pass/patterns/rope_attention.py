@@ -40,7 +40,6 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from .. import guards
 from . import _graph
 
-aten = torch.ops.aten
 _ops = torch.ops.fp8_fusion
 NAME = "rope_attention"
 FUSED = _ops.rope_decode_attention.default
@@ -57,10 +56,8 @@ MAX_NORM_PAIRS = 256
 def _rope_q(att: Node) -> tuple[Node | None, list[Node]]:
     """(the auto_functionalized_v2 node of a ``*_rope_cache`` op, the views between its q output and ``att``), or
     (None, []) when the attention's q is not that op's q through reshapes / same-shape expands."""
-    node, chain = att.args[0], []
-    while _op(node, *_graph.RESHAPES) or (_op(node, aten.expand.default) and _graph.same_shape(node, node.args[0])):
-        chain.append(node)
-        node = node.args[0]
+    chain = []
+    node = _graph.through_views(att.args[0], chain)
     if not (_op(node, operator.getitem) and node.args[1] == 0):
         return None, []
     af = node.args[0]

@@ -85,6 +85,19 @@ def test_a_q_read_elsewhere_keeps_two_launches():
     assert "also read by neg" in report.render()
 
 
+def test_a_view_of_a_cache_base_keeps_two_launches():
+    # the fused op writes the caches whole: a RoPE op that writes a view of its base (functionalization's
+    # _k_cache_size / _stride / _storage_offset kwargs) is rejected with its reason, not rewritten wrongly
+    _, out = _graph("llama-tiny", 3, WITHOUT)
+    graph = out.graph
+    afs = [n for n in graph.nodes if n.args and n.args[0] is torch.ops.fp8_fusion.qk_rope_cache.default]
+    afs[0].update_kwarg("_k_cache_storage_offset", 0)
+    report = report_mod.new_report()
+    rope_attention.run(graph, report)
+    assert report.rejection_reasons() == {"rope_attention_not_single": 1} and report.counts()["rope_attention"] == 1
+    assert "views of its cache bases" in report.render()
+
+
 def test_deterministic_mode_keeps_it_off():
     torch.use_deterministic_algorithms(True)
     try:

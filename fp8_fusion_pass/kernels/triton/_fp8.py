@@ -101,6 +101,12 @@ def to_fp32(v, EMULATE_CAST: tl.constexpr):
 
 
 @triton.jit
+def rounded(v, DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
+    """fp32 ``v`` rounded to the activation dtype and widened back: one eager op's output."""
+    return to_fp32(round_to(v, DTYPE, EMULATE_CAST), EMULATE_CAST)
+
+
+@triton.jit
 def _emulated_fp8_code(v, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr):
     """The e4m3 byte of fp32 ``v`` (already clamped to +-FP8_MAX, or NaN), rounded to nearest even, in integer
     and exact fp32 arithmetic only.

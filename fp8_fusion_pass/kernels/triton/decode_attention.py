@@ -23,7 +23,8 @@ the H200 and removed: in no batch's top 5 of the sweep, 2026-12-03.)
 each program RoPEs its kv head's query rows (with ``NORM`` each head RMS-normed first, Qwen3's q / k norms) and the
 new k with ``rms_norm_rope``'s roundings, the program whose keys hold the new slot stores k and v there, and after a
 barrier its key loop reads them back like any other slot (no other program of that kv head reads the slot; off
-NVIDIA, with no barrier promised to order global memory, the loop takes them from registers instead). A first
+NVIDIA, with no barrier promised to order global memory, the loop takes them from registers and the stores come
+after it). A first
 version put the new k / v into the loaded tiles with a select in the key loop and compiled the kernel without fp
 fusion: decode steps up to 1.10x slower on the H200 (which of the two cost it was not profiled).
 
@@ -45,7 +46,7 @@ import triton
 import triton.language as tl
 
 from ... import arch
-from ._fp8 import group_quant_tile, kernel_constexprs, round_to, to_fp32
+from ._fp8 import group_quant_tile, kernel_constexprs, round_to, rounded, to_fp32
 from ._small_m_kernels import _last_arrival, tile_counters
 
 
@@ -88,12 +89,6 @@ def _mma_operand(x, EMULATE_CAST: tl.constexpr):
 
 
 @triton.jit
-def _rounded(v, DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
-    """fp32 ``v`` rounded to the activation dtype and widened back: one eager op's output."""
-    return to_fp32(round_to(v, DTYPE, EMULATE_CAST), EMULATE_CAST)
-
-
-@triton.jit
 def _mul(a, b, PTX: tl.constexpr):
     """RN_fp32(a * b) that no fma may absorb: ``mul.rn`` is never contracted (PTX); elsewhere the kernel is
     compiled without fp fusion (``_launch``)."""
@@ -112,10 +107,10 @@ def _roped(x, x_p, w, w_p, c, s, neg, eps, AXIS: tl.constexpr, D: tl.constexpr, 
     if NORM:
         var = tl.math.div_rn(tl.sum(_mul(x, x, PTX), AXIS, keep_dims=True), tl.cast(D, tl.float32))
         rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
-        x = _rounded(_mul(w, _rounded(_mul(x, rstd, PTX), DTYPE, EMULATE_CAST), PTX), DTYPE, EMULATE_CAST)
-        x_p = _rounded(_mul(w_p, _rounded(_mul(x_p, rstd, PTX), DTYPE, EMULATE_CAST), PTX), DTYPE, EMULATE_CAST)
+        x = rounded(_mul(w, rounded(_mul(x, rstd, PTX), DTYPE, EMULATE_CAST), PTX), DTYPE, EMULATE_CAST)
+        x_p = rounded(_mul(w_p, rounded(_mul(x_p, rstd, PTX), DTYPE, EMULATE_CAST), PTX), DTYPE, EMULATE_CAST)
     rot = tl.where(neg, -x_p, x_p)
-    return round_to(_rounded(_mul(x, c, PTX), DTYPE, EMULATE_CAST) + _rounded(_mul(rot, s, PTX), DTYPE, EMULATE_CAST),
+    return round_to(rounded(_mul(x, c, PTX), DTYPE, EMULATE_CAST) + rounded(_mul(rot, s, PTX), DTYPE, EMULATE_CAST),
                     DTYPE, EMULATE_CAST)  # fmt: skip
 
 
@@ -197,12 +192,14 @@ def _decode_attention_kernel(
         slot = tl.where(slot < 0, slot + T, slot)
         mine = (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
         write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
-        tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
-        tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
-        # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot back
-        # (a select of the registers inside the loop, the first version, measured slower: the module docstring).
-        # Off NVIDIA, where no barrier lowering promises that for global memory, the select it is (not measured).
-        tl.debug_barrier()
+        if not NEW_FROM_REGISTERS:
+            tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
+            tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
+            # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot
+            # back (a select of the registers inside the loop, the first version, measured slower: the module
+            # docstring). Off NVIDIA, where no barrier lowering promises that for global memory, the select it is,
+            # and the stores come after the loop (not measured).
+            tl.debug_barrier()
         new_at = tl.where(mine, slot, -1)
     q = _mma_operand(q, EMULATE_CAST)
     if UPTO:
@@ -235,6 +232,9 @@ def _decode_attention_kernel(
         p_mma = _mma_operand(round_to(p, v.dtype, EMULATE_CAST), EMULATE_CAST)
         acc = acc * alpha[:, None] + tl.dot(p_mma, _mma_operand(v, EMULATE_CAST))
         m_i = m_new
+    if ROPE and NEW_FROM_REGISTERS:  # the loop took the new k / v from registers: the cache gets them now
+        tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
+        tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
     out_mask = row_ok[:, None] & col_ok[None, :]
     o_ptrs = o_ptr + b * sob + h * soh + rows[:, None] * sor + cols[None, :] * sod
     if SPLITS == 1:  # a row that saw nothing: 0 / 0 = NaN, as softmax over nothing
@@ -307,9 +307,10 @@ def decode_attention_upto_quant(q, k_cache, v_cache, last, scale: float, group_s
 
 
 def new_from_registers(constexprs: dict) -> bool:
-    """The RoPE prologue's new k / v reach the key loop from registers (a select in the loop) rather than stored,
-    a barrier, and read back: off NVIDIA (ROCm), where no barrier lowering promises to order global memory between
-    a program's threads. The interpreter runs programs one thread at a time: the NVIDIA path."""
+    """The RoPE prologue's new k / v reach the key loop from registers (a select in the loop; the stores after it)
+    rather than stored, a barrier, and read back: off NVIDIA (ROCm), where no barrier lowering promises to order
+    global memory between a program's threads. The interpreter runs programs one thread at a time: the NVIDIA path
+    (the tests switch this to check the other)."""
     return not constexprs["PTX"] and not constexprs["EMULATE_CAST"]
 
 

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ... import arch
-from ._fp8 import round_to, to_fp32
+from ._fp8 import round_to, rounded, to_fp32
 
 # (rows per program, warps) by the launch's row count: ``benchmarks/rope_kernels.py --sweep --tp 1,8`` on the H200
 # (2026-12-02, torch 2.11, Triton 3.6; 120 points x 15 candidates, each candidate's geometric mean of time over
@@ -58,12 +58,6 @@ def tile_for(n_rows: int, head_dim: int) -> tuple[int, int]:
     rows, warps = next(tile for below, tile in TILES if below is None or n_rows < below)
     scale = max(1, head_dim // 128)  # a bigger head: fewer rows per program, as many values
     return max(1, rows // scale), warps
-
-
-@triton.jit
-def _rounded(v, DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr):
-    """fp32 ``v`` rounded to the activation dtype and widened back: one eager op's output."""
-    return to_fp32(round_to(v, DTYPE, EMULATE_CAST), EMULATE_CAST)
 
 
 @triton.jit
@@ -120,8 +114,8 @@ def _rms_norm_rope_kernel(
         w_hi = to_fp32(tl.load(w_row + D // 2), EMULATE_CAST)
         var = tl.math.div_rn(tl.sum(x_lo * x_lo, 1) + tl.sum(x_hi * x_hi, 1), tl.cast(D, tl.float32))  # mean
         rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))[:, None]
-        y_lo = _rounded(w_lo * _rounded(x_lo * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
-        y_hi = _rounded(w_hi * _rounded(x_hi * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
+        y_lo = rounded(w_lo * rounded(x_lo * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
+        y_hi = rounded(w_hi * rounded(x_hi * rstd, dtype, EMULATE_CAST), dtype, EMULATE_CAST)
     else:  # RoPE alone (Llama): the activation as it is
         y_lo, y_hi = x_lo, x_hi
     tab_c = cos_ptr + b[:, None] * sc_b + s[:, None] * sc_s + half * sc_d
@@ -131,9 +125,9 @@ def _rms_norm_rope_kernel(
     s_lo = to_fp32(tl.load(tab_s), EMULATE_CAST)
     s_hi = to_fp32(tl.load(tab_s + (D // 2) * ss_d), EMULATE_CAST)
     # y * cos + cat(-y_hi, y_lo) * sin, each product and the sum rounded as eager rounds them
-    out_lo = round_to(_rounded(y_lo * c_lo, dtype, EMULATE_CAST) + _rounded(-y_hi * s_lo, dtype, EMULATE_CAST),
+    out_lo = round_to(rounded(y_lo * c_lo, dtype, EMULATE_CAST) + rounded(-y_hi * s_lo, dtype, EMULATE_CAST),
                       dtype, EMULATE_CAST)  # fmt: skip
-    out_hi = round_to(_rounded(y_hi * c_hi, dtype, EMULATE_CAST) + _rounded(y_lo * s_hi, dtype, EMULATE_CAST),
+    out_hi = round_to(rounded(y_hi * c_hi, dtype, EMULATE_CAST) + rounded(y_lo * s_hi, dtype, EMULATE_CAST),
                       dtype, EMULATE_CAST)  # fmt: skip
     q_row = qo_ptr + ((b * HQ + h) * S + s) * D
     if CACHE:
