@@ -6,7 +6,7 @@ bucket wins (buckets: ``_tiles.BUCKETS``). The run ends with a ``MEASURED = {...
 ``fp8_fusion_pass/kernels/triton/_tiles.py``: entries there take precedence over the launchers' defaults.
 
 Candidates (what the defaults were reasoned from, and around them):
-- norms (one-pass rows): block shapes of 16 or 32 values per thread (``_tiles.VALUES_PER_THREAD``: 32 predicted,
+- norms (one-pass rows): block shapes of 8, 16 or 32 values per thread (``_tiles.VALUES_PER_THREAD``: 32 predicted,
   fewer instructions per value; 16 gives more warps per row), each persistent at up to 32 (= as many as fit) and
   at 2 programs per SM, with ``prefetch``; the default shape without prefetch; and one program per row block
   (the first GPU round's structure). Rows that are not 2^a + 2^b groups: two-pass chunks of 4, 8, 16 groups.
@@ -54,9 +54,11 @@ def row_candidates(k: int) -> list[_tiles.Tile]:
     out = []
     for bm in (1, 2, 4, 8):
         for w in (1, 2, 4, 8, 16):
-            if bm * main * G // (32 * w) not in (16, 32):
+            if bm * main * G // (32 * w) not in (8, 16, 32):  # 8: more warps on one row (latency at M = 1)
                 continue
             out += [Tile(bm, main, w, True, tail, per_sm=p, prefetch=True) for p in (_tiles.MAX_PER_SM, 2)]
+            if bm == 1:  # one row block (M = 1): nothing to prefetch, no loop to persist over
+                out.append(Tile(1, main, w, True, tail, per_sm=0, prefetch=False))
     default = _tiles.row_tile(8192, k, G)
     out += [dataclasses.replace(default, prefetch=False), dataclasses.replace(default, per_sm=0, prefetch=False)]
     return list(dict.fromkeys(out))

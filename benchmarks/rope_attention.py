@@ -8,6 +8,10 @@ writes the caches (``qk_rope_cache`` / ``rms_norm_rope_cache``) then ``decode_at
 is ``rope_decode_attention``, what the ``rope_attention`` rewrite swaps in. One call per CUDA-graph replay (each
 replay writes the same slots with the same values), medians of ``decode.time_replays``; each fused output is checked
 against the pair's (the caches' bits, the output's relative L2).
+
+``--sweep`` times the fused op alone at every ``AttentionConfig`` of ``attention_decode.SWEEP`` (20 calls per CUDA
+graph, so the graph launch is not counted), per batch, at ``--heads`` (Qwen3-32B: ``64,8``, 8 query rows per kv
+head where the 8B models have 4) for ``--models``, with the o_proj's quant: the configs that ``TABLE`` picks from.
 """
 
 from __future__ import annotations
@@ -64,13 +68,50 @@ def fused(args, group: int):
     return ops.rope_decode_attention(*args, args[8].view(-1), args[0].shape[-1] ** -0.5, group)
 
 
+def sweep(batches, models, heads, max_seq: int, context: int) -> None:
+    """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first."""
+    from attention_decode import SWEEP
+    from tabulate import tabulate
+
+    from fp8_fusion_pass.kernels.triton import decode_attention as kernel
+
+    hq, hk = heads
+    best = []
+    for batch in batches:
+        for model in models:
+            args = inputs(batch, model == "qwen3", max_seq, context, hq, hk)
+            last, scale = args[8].view(-1), args[0].shape[-1] ** -0.5
+            times = []
+            for cfg in SWEEP:
+                def run(*a, cfg=cfg, last=last, scale=scale):
+                    return [kernel.rope_decode_attention(*a, last, scale, 128, cfg) for _ in range(20)]
+
+                kernel.rope_decode_attention(*args, last, scale, 128, cfg)  # eager first: the merge counters
+                graph, _ = capture(run, args)
+                times.append((time_replays(graph, 20) * 1e3 / 20, cfg))
+            times.sort(key=lambda x: x[0])
+            chosen = kernel.config_for(batch * hk)
+            table_us = next((us for us, c in times if c == chosen), float("nan"))
+            log(f"sweep batch {batch} {model} {hq}/{hk}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
+            best.append([batch, model, f"{hq}/{hk}", f"{times[0][0]:.2f}", str(times[0][1]), f"{table_us:.2f}",
+                         f"{times[-1][0]:.2f}"])  # fmt: skip
+    print(tabulate(best, headers=["batch", "model", "heads q/kv", "best us", "config", "TABLE's us", "worst us"]))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
+    p.add_argument("--sweep", action="store_true", help="time the fused op at every attention_decode.SWEEP config")
+    p.add_argument("--heads", default="32,8", help="--sweep: query heads, kv heads (Qwen3-32B: 64,8)")
+    p.add_argument("--models", default="llama,qwen3", help="--sweep: llama (RoPE alone), qwen3 (q / k norms too)")
     a = p.parse_args(argv)
     torch.set_grad_enabled(False)
+    if a.sweep:
+        heads = tuple(int(h) for h in a.heads.split(","))
+        sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context)
+        return 0
     rows = []
     for batch in (int(b) for b in a.batches.split(",")):
         for model, norm in (("llama", False), ("qwen3", True)):

@@ -1,0 +1,38 @@
+"""``benchmarks/rope_attention.py`` on the CPU: its table (the two launches against the fused op, the caches and
+outputs compared; the ops' CPU backend is the reference) and its ``--sweep`` (the Triton kernel itself, in the
+interpreter) run end to end."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from benchmark_script import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import attention_decode  # noqa: E402
+import decode  # noqa: E402
+import rope_attention  # noqa: E402
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(decode, "DEVICE", "cpu")  # capture / time_replays: plain calls, wall clock
+    monkeypatch.setattr(attention_decode, "SWEEP", attention_decode.SWEEP[:2])
+
+
+def test_table_compares_the_pair_and_the_fused_op(on_cpu, capsys):
+    assert rope_attention.main(["--batches", "1", "--max-seq", "24", "--context", "20"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
+    assert len(rows) == 4  # llama / qwen3, without / with the quant
+    assert all(r[-2] == "True" for r in rows), rows  # the caches equal the pair's, bit for bit
+    assert all(float(r[-1]) < 1e-2 for r in rows), rows
+
+
+def test_sweep_times_each_config(on_cpu, capsys):
+    args = ["--sweep", "--heads", "8,2", "--batches", "1", "--models", "qwen3", "--max-seq", "24", "--context", "20"]
+    assert rope_attention.main(args) == 0
+    out = capsys.readouterr().out
+    assert "8/2" in out and "AttentionConfig(" in out
