@@ -7,15 +7,18 @@ reference composes the same two ops, so bit for bit), the o_proj's quant folded 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 
+import pytest
 import torch
 from pattern_helpers import capture, run_pass
 from test_rope_cache import LAYERS, _compiled_step, _engine_step
 
 from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
+from fp8_fusion_pass.models import presets
 from fp8_fusion_pass.patterns import rope_attention
 
 FUSED = torch.ops.fp8_fusion.rope_decode_attention.default
@@ -96,6 +99,36 @@ def test_a_view_of_a_cache_base_keeps_two_launches():
     rope_attention.run(graph, report)
     assert report.rejection_reasons() == {"rope_attention_not_single": 1} and report.counts()["rope_attention"] == 1
     assert "views of its cache bases" in report.render()
+
+
+def test_a_head_dim_below_the_kernels_tile_keeps_two_launches(monkeypatch):
+    # head dim 8: the RoPE kernel and the decode attention take it, the fused kernel (one 16+ tile per head) does
+    # not: a reported rejection, not an error in the op's checks after the rewrite
+    tiny = presets.PRESETS["llama-tiny"]
+    config = {**tiny.config, "head_dim": 8, "num_attention_heads": 32, "num_key_value_heads": 16}
+    monkeypatch.setitem(presets.PRESETS, "llama-tiny", dataclasses.replace(tiny, config=config))
+    r, out = _graph("llama-tiny", 3)
+    assert r.counts()["decode_attention"] == r.counts()["rope_cache"] == LAYERS, r.render()
+    assert r.rejection_reasons().get("rope_attention_not_single") == LAYERS and _count(out, FUSED) == 0
+    assert "head dim 8 is not a power of two of at least 16" in r.render()
+
+
+@pytest.mark.parametrize("reader", ["rope", "attention"])
+def test_outputs_read_as_a_tuple_keep_two_launches(reader):
+    # the rewrite moves each getitem reader to the fused op's outputs; a reader of the whole tuple has no place
+    # there, so the candidate is rejected with its reason (batch 6: the attention is the quant form, two outputs)
+    _, out = _graph("qwen3-tiny", 6, WITHOUT)
+    graph = out.graph
+    ops = {"rope": torch.ops.fp8_fusion.rms_norm_rope_cache.default,
+           "attention": torch.ops.fp8_fusion.decode_attention_upto_quant.default}  # fmt: skip
+    node = next(n for n in graph.nodes if n.target is ops[reader] or (n.args and n.args[0] is ops[reader]))
+    with graph.inserting_after(node):
+        graph.call_function(list, (node,))
+    report = report_mod.new_report()
+    rope_attention.run(graph, report)
+    assert report.rejection_reasons() == {"rope_attention_not_single": 1} and report.counts()["rope_attention"] == 1
+    what = "the RoPE op's" if reader == "rope" else "the attention's"
+    assert f"{what} outputs are read as a tuple" in report.render()
 
 
 def test_deterministic_mode_keeps_it_off():
