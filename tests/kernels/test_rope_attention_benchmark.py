@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import torch
 from benchmark_script import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -21,6 +22,9 @@ import rope_attention  # noqa: E402
 def on_cpu(monkeypatch):
     monkeypatch.setattr(decode, "DEVICE", "cpu")  # capture / time_replays: plain calls, wall clock
     monkeypatch.setattr(attention_decode, "SWEEP", attention_decode.SWEEP[:2])
+    grad = torch.is_grad_enabled()
+    yield
+    torch.set_grad_enabled(grad)  # main() turns autograd off for the process, as a script may; later tests need it
 
 
 def test_table_compares_the_pair_and_the_fused_op(on_cpu, capsys):
