@@ -15,7 +15,10 @@ How every variant is compiled and timed (the only difference between "block" and
 - ``--also=-norm_rope`` (or ``+NAME``): a third variant in the same run, the pass with those rewrites switched off /
   on, so a rewrite is measured against the default pass on one machine and one baseline.
 Time per step: replays back to back between two CUDA events (the CPU queues them ahead, as a serving loop does),
-median of several rounds. HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
+median of several rounds. ``--interleave R``: every block-FP8 variant of a preset's batch is captured first (the
+models kept alive side by side), then timed in R rounds that visit the variants in turn, so a drift of the GPU's
+clocks or memory during the run falls on all of them alike; the table has the medians and a line per cell gives
+the speed-up of every round (for close calls: a ratio near a target is read with its spread, not one number). HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
 (torch 2.11, transformers 5.17) with "accessing tensor output of CUDAGraphs that has been overwritten", so the
 benchmark owns its decode loop. The KV cache is static (engine ``KVCache`` / HF ``StaticCache``) and pre-filled with
 random values up to ``--context`` tokens, so every step attends over the same length.
@@ -329,14 +332,17 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (x - ref).norm().item() / ref.norm().item()
 
 
-def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits):
+def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits, held):
     scheme, config = label.split("+")[0], variant_config(label)
     log(f"{preset} {form} {label}: building")
     torch.manual_seed(0)
     model = build_model(preset, form=form, scheme=scheme, layers=args.layers, device=DEVICE)
     wbytes = weight_bytes(model)
     report.clear_reports()
-    torch._dynamo.reset()
+    # --interleave keeps the compiled code of the variants captured so far: a reset drops it, and Triton unloads a
+    # dropped kernel's module, which their CUDA graphs still launch (main resets after timing them)
+    if not args.interleave:
+        torch._dynamo.reset()
     if args.compile == "regional":
         compile_regions(model, config)
     for batch in args.batches:
@@ -347,11 +353,17 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
             runner.reset()
             with torch.compiler.set_stance("force_eager"):
                 eager_logits[key] = runner.step_fn()(*runner.args()).detach().float().clone()
-        ms, logits = time_decode(runner, config, args.steps, args.compile)
+        if args.interleave and scheme == "block":  # captured now, timed with the other variants (interleave())
+            graph, out = capture(runner.step_fn(), runner.args())
+            ms, logits = None, out.detach().float().clone()
+            held.append((key, label, graph, runner, model))
+        else:
+            ms, logits = time_decode(runner, config, args.steps, args.compile)
         if args.compile == "regional":  # the compiled step's logits from the state the eager step started from
             runner.reset()
             logits = runner.step_fn()(*runner.args()).detach().float().clone()
-        log(f"{preset} {form} {label} batch {batch}: {ms:.3f} ms/step ({time.monotonic() - t0:.0f} s with compile)")
+        log(f"{preset} {form} {label} batch {batch}: " + (f"{ms:.3f} ms/step" if ms is not None else "captured")
+            + f" ({time.monotonic() - t0:.0f} s with compile)")
         roof_ms = (wbytes + runner.kv_bytes()) / bw * 1e3
         err = err_eager = ""
         if scheme == "block":
@@ -362,7 +374,7 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
                 reference_logits[key] = logits
         rows.append(dict(preset=preset, form=form, variant=label, batch=batch, ms=ms, roofline_ms=roof_ms, err=err,
                          err_eager=err_eager))
-        del runner
+        del runner  # (an interleaved cell's runner and graph stay in ``held``)
         if args.compile == "full":
             torch._dynamo.reset()
         torch.cuda.empty_cache()
@@ -374,9 +386,32 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
     rows.append(dict(preset=preset, form=form, variant=label, batch=f"prefill {args.prefill}", ms=prefill_ms,
                      roofline_ms=None, err="", err_eager="", fused=fused))
     del model
-    torch._dynamo.reset()
+    if not args.interleave:
+        torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def interleave(held: list, rows: list[dict], rounds: int, steps: int) -> None:
+    """Time the captured graphs of ``held`` (``(key, label, graph, runner, model)``) in ``rounds`` rounds, each
+    visiting every variant of a cell once (``time_replays`` with one round), and put each variant's median into its
+    row; each "block+pass..." row gets its speed-up over "block" per round (``per_round``)."""
+    cells: dict = {}
+    for key, label, graph, _, _ in held:
+        cells.setdefault(key, {})[label] = graph
+    for key, graphs in cells.items():
+        times: dict[str, list[float]] = {label: [] for label in graphs}
+        for _ in range(rounds):
+            for label, graph in graphs.items():
+                times[label].append(time_replays(graph, steps, rounds=1))
+        for r in rows:
+            if (r["preset"], r["form"], r["batch"]) == key and r["variant"] in times:
+                r["ms"] = statistics.median(times[r["variant"]])
+                if r["variant"] != "block" and "block" in times:
+                    r["per_round"] = [b / t for b, t in zip(times["block"], times[r["variant"]])]
+        log(f"{key} interleaved, {rounds} rounds: " + "; ".join(
+            f"{label} {statistics.median(ts):.3f} ms ({min(ts):.3f}-{max(ts):.3f})" for label, ts in times.items()))
+    held.clear()  # the graphs, runners and models go
 
 
 class Stopped(Exception):
@@ -407,12 +442,17 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
     p.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
                    help="Inductor options for every compile, with and without the pass (e.g. combo_kernels=True)")
+    p.add_argument("--interleave", type=int, default=0, metavar="R",
+                   help="capture every block-FP8 variant of a cell, then time them in R alternating rounds (regional "
+                        "compile; the models stay in memory side by side)")
     p.add_argument("--compile", choices=("regional", "full"), default="regional",
                    help="regional: layers compiled one by one, the step captured into one CUDA graph (default); "
                         "full: one torch.compile of the step with cudagraph trees")
     args = p.parse_args(argv)
     if args.dry_run and args.compile != "regional":
         raise SystemExit("--dry-run runs the regional compile only")
+    if args.interleave and args.compile != "regional":
+        raise SystemExit("--interleave times captured graphs: the regional compile only")
     global DEVICE
     DEVICE = "cpu" if args.dry_run else "cuda"
     engine.DECODE_ATTENTION = args.attention
@@ -438,8 +478,11 @@ def main(argv=None) -> int:
             for form in args.forms.split(","):
                 reference_logits: dict = {}
                 eager_logits: dict = {}
+                held: list = []  # --interleave: the captured cells of this preset and form
                 for label in variants:
-                    run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits)
+                    run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits, held)
+                interleave(held, rows, args.interleave, args.steps)
+                torch._dynamo.reset()
     except Stopped:
         log(f"stopped (SIGTERM) after {len(rows)} cells: the table has those")
     finally:
@@ -474,6 +517,10 @@ def print_table(rows: list[dict]) -> None:
     print(tabulate(table, headers=["preset", "form", "pass", "batch", "fp8 ms", "fp8+pass ms", "pass speed-up",
                                    "bf16 ms", "vs bf16", "roofline ms", "pass vs no pass", "fp8 vs eager",
                                    "fp8+pass vs eager"]))
+    for r in rows:
+        if r.get("per_round"):
+            ratios = " ".join(f"{x:.3f}x" for x in r["per_round"])
+            print(f"speed-up per round ({r['preset']} {r['form']} {r['variant']} batch {r['batch']}): {ratios}")
     for r in rows:
         if r.get("fused"):
             extra = "" if r["variant"] == "block+pass" else f" {r['variant']}"

@@ -101,7 +101,7 @@ def test_sigterm_prints_the_cells_that_finished(monkeypatch, capsys):
 
     import decode
 
-    def one_cell_then_sigterm(preset, form, label, args, bw, rows, reference_logits, eager_logits):
+    def one_cell_then_sigterm(preset, form, label, args, bw, rows, reference_logits, eager_logits, held):
         rows.append(dict(preset=preset, form=form, variant=label, batch=1, ms=2.0 if "pass" in label else 3.0,
                          roofline_ms=1.0, err="", err_eager=""))
         if "pass" in label:
@@ -119,3 +119,23 @@ def test_sigterm_prints_the_cells_that_finished(monkeypatch, capsys):
     assert re.search(r"^qwen3-tiny\s+hf\s+pass\s+1\s+3\S*\s+2\S*\s+1\.500x", out.out, re.M), out.out
     assert "stopped (SIGTERM) after 2 cells" in out.err
     assert signal.getsignal(signal.SIGTERM) is not decode._stop  # the handler is put back
+
+
+def test_interleave_times_every_variant_in_each_round(tmp_path):
+    # --interleave 3: both compiles of a cell captured first (no dynamo reset between them, so the first one's
+    # kernels stay loaded), then timed in three alternating rounds; the table has their medians and a line gives
+    # the speed-up of each round. The pass's own rewrites still apply (its compile is its own, not the first's).
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"), "--dry-run", "--presets", "qwen3-tiny",
+           "--forms", "engine", "--batches", "1", "--context", "16", "--prefill", "0", "--steps", "1", "--layers",
+           "2", "--no-bf16", "--interleave", "3"]
+    env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rounds = re.search(r"^speed-up per round \(qwen3-tiny engine block\+pass batch 1\): (.*)$", res.stdout, re.M)
+    assert rounds and len(rounds.group(1).split()) == 3, res.stdout
+    assert re.search(r"^qwen3-tiny\s+engine\s+pass\s+1\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+x", res.stdout, re.M), res.stdout
+    assert "'rope_attention': 2" in res.stdout and "interleaved, 3 rounds" in res.stderr
+    with pytest.raises(SystemExit, match="regional compile only"):
+        import decode
+
+        decode.main(["--compile", "full", "--interleave", "2"])
