@@ -18,7 +18,9 @@ Time per step: replays back to back between two CUDA events (the CPU queues them
 median of several rounds. ``--interleave R``: every block-FP8 variant of a preset's batch is captured first (the
 models kept alive side by side), then timed in R rounds that visit the variants in turn, so a drift of the GPU's
 clocks or memory during the run falls on all of them alike; the table has the medians and a line per cell gives
-the speed-up of every round (for close calls: a ratio near a target is read with its spread, not one number). HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
+the speed-up of every round (for close calls: a ratio near a target is read with its spread, not one number).
+Every other round visits the variants in reverse order. The prefill is timed as without it, while the other
+variants' models are held; bf16 runs after the cell is timed and its models freed. HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
 (torch 2.11, transformers 5.17) with "accessing tensor output of CUDAGraphs that has been overwritten", so the
 benchmark owns its decode loop. The KV cache is static (engine ``KVCache`` / HF ``StaticCache``) and pre-filled with
 random values up to ``--context`` tokens, so every step attends over the same length.
@@ -145,11 +147,17 @@ def pass_options(config: FusionConfig | None) -> dict:
     return {**INDUCTOR_OPTIONS, **({"post_grad_custom_post_pass": FP8FusionPass(config)} if config is not None else {})}
 
 
-def compile_regions(model, config: FusionConfig | None) -> None:
-    """Compile every decoder layer in place as its own region (shared code: identical layers share a graph)."""
-    # One graph per layer signature and batch; HF layers also specialise on their ``layer_idx``: room for all.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
-    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+def compile_regions(model, config: FusionConfig | None, variants: int = 1) -> None:
+    """Compile every decoder layer in place as its own region (shared code: identical layers share a graph).
+    ``variants``: how many compiles share dynamo's caches before a reset (``--interleave``: all of a cell's)."""
+    # One graph per layer signature and batch; HF layers also specialise on their ``layer_idx`` (and on the cache
+    # layer's first-step state: ~2 x layers per batch, 512 for Qwen3-32B at four batches, then the prefill): room
+    # for all, per variant, as the limit counts every compile of the code object, whichever backend made it.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024 * variants)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           4096 * variants)  # fmt: skip
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):  # a layer left eager would time wrong, silently
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     for layer in model.model.layers:
         layer.compile(options=pass_options(config), dynamic=False)
 
@@ -344,7 +352,7 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
     if not args.interleave:
         torch._dynamo.reset()
     if args.compile == "regional":
-        compile_regions(model, config)
+        compile_regions(model, config, args.variants_per_reset)
     for batch in args.batches:
         t0 = time.monotonic()
         runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context)
@@ -401,9 +409,10 @@ def interleave(held: list, rows: list[dict], rounds: int, steps: int) -> None:
         cells.setdefault(key, {})[label] = graph
     for key, graphs in cells.items():
         times: dict[str, list[float]] = {label: [] for label in graphs}
-        for _ in range(rounds):
-            for label, graph in graphs.items():
-                times[label].append(time_replays(graph, steps, rounds=1))
+        order = list(graphs)
+        for i in range(rounds):  # every other round in reverse: what the order does falls on both sides alike
+            for label in order if i % 2 == 0 else order[::-1]:
+                times[label].append(time_replays(graphs[label], steps, rounds=1))
         for r in rows:
             if (r["preset"], r["form"], r["batch"]) == key and r["variant"] in times:
                 r["ms"] = statistics.median(times[r["variant"]])
@@ -453,6 +462,8 @@ def main(argv=None) -> int:
         raise SystemExit("--dry-run runs the regional compile only")
     if args.interleave and args.compile != "regional":
         raise SystemExit("--interleave times captured graphs: the regional compile only")
+    if args.interleave < 0:
+        raise SystemExit(f"--interleave takes a number of rounds >= 1 (0: off), got {args.interleave}")
     global DEVICE
     DEVICE = "cpu" if args.dry_run else "cuda"
     engine.DECODE_ATTENTION = args.attention
@@ -463,12 +474,15 @@ def main(argv=None) -> int:
     variants = ["block", "block+pass", *also_variant(args.also), *([] if args.no_bf16 else ["bf16"])]
     for label in variants:
         variant_config(label)  # a misspelt --also exits here, not after the first variant's compiles
+    # --interleave: the block-FP8 variants share dynamo's caches until their cell is timed; bf16 runs after that
+    args.variants_per_reset = len(variants) - (not args.no_bf16) if args.interleave else 1
     torch.set_grad_enabled(False)
     bw = copy_bandwidth(dry_run=args.dry_run)
     device_name = "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name()
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}; Inductor options "
         f"{INDUCTOR_OPTIONS or 'default'}")
     rows: list[dict] = []
+    held: list = []
     # An HF cell costs 50-90 s of layer recompiles on the H200, so a run may outlast its device call: under
     # `timeout`, SIGTERM ends it with the table (and the accuracy columns) of every cell that finished.
     previous = signal.signal(signal.SIGTERM, _stop)
@@ -480,11 +494,16 @@ def main(argv=None) -> int:
                 eager_logits: dict = {}
                 held: list = []  # --interleave: the captured cells of this preset and form
                 for label in variants:
+                    if label == "bf16" and args.interleave:  # after the held models are timed and freed
+                        interleave(held, rows, args.interleave, args.steps)
+                        torch._dynamo.reset()
                     run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits, held)
                 interleave(held, rows, args.interleave, args.steps)
                 torch._dynamo.reset()
     except Stopped:
         log(f"stopped (SIGTERM) after {len(rows)} cells: the table has those")
+        if held:  # cells captured for --interleave but not yet timed: one round each, so the table has them
+            interleave(held, rows, 1, args.steps)
     finally:
         signal.signal(signal.SIGTERM, previous)
     print_table(rows)

@@ -135,7 +135,39 @@ def test_interleave_times_every_variant_in_each_round(tmp_path):
     assert rounds and len(rounds.group(1).split()) == 3, res.stdout
     assert re.search(r"^qwen3-tiny\s+engine\s+pass\s+1\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+x", res.stdout, re.M), res.stdout
     assert "'rope_attention': 2" in res.stdout and "interleaved, 3 rounds" in res.stderr
-    with pytest.raises(SystemExit, match="regional compile only"):
-        import decode
+    import decode
 
+    with pytest.raises(SystemExit, match="regional compile only"):
         decode.main(["--compile", "full", "--interleave", "2"])
+    with pytest.raises(SystemExit, match="rounds >= 1"):
+        decode.main(["--dry-run", "--interleave", "-1"])
+
+
+def test_sigterm_times_the_captured_cells_before_the_table(monkeypatch, capsys):
+    # a run stopped after both compiles of a cell were captured for --interleave, before their rounds: the table
+    # still has their times (one round each), not "-"
+    import os
+    import signal
+
+    import decode
+    import torch
+
+    class Graph:  # what time_replays replays on the CPU (--dry-run)
+        def replay(self):
+            pass
+
+    def capture_then_sigterm(preset, form, label, args, bw, rows, reference_logits, eager_logits, held):
+        rows.append(dict(preset=preset, form=form, variant=label, batch=1, ms=None, roofline_ms=1.0, err="",
+                         err_eager=""))
+        held.append(((preset, form, 1), label, Graph(), None, None))
+        if "pass" in label:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(decode, "run_variant", capture_then_sigterm)
+    monkeypatch.setattr(decode, "copy_bandwidth", lambda dry_run: 1e12)
+    with torch.enable_grad():
+        assert decode.main(["--dry-run", "--presets", "qwen3-tiny", "--forms", "engine", "--no-bf16", "--prefill",
+                            "0", "--interleave", "4"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert re.search(r"^qwen3-tiny\s+engine\s+pass\s+1\s+[\d.]+\s+[\d.]+\s+\d+\.\d+x", out.out, re.M), out.out
+    assert re.search(r"^speed-up per round \(qwen3-tiny engine block\+pass batch 1\): \S+x$", out.out, re.M), out.out

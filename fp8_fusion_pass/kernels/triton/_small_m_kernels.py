@@ -95,8 +95,8 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
     against the TABLE config: 0.85-0.97x at M = 64 (down 4096 x 12288 26.0 -> 22.3 us), 0.95-1.0x at M = 16. In
     the sweep of ``benchmarks/gemm.py`` ("tma" idea: best TMA config over best pointer config): 0.83-0.96x at
     M = 64, 0.89-1.02x at M = 16 / 32, and 1.00-1.10x on the 1024-row k|v weights, which keep pointer loads. It
-    took 33 of the 48 TABLE rows at M = 16-64 (cuBLAS kept 2). At M = 1 / 4 it also wins the three down
-    projections (2026-12-03: Qwen3-32B's 37.6 -> 34.5 us at one row, 1.03x a plain read of its weight).
+    took 33 of the 48 TABLE rows at M = 16-64 (cuBLAS kept 2). At M = 1 it also wins the three down projections
+    (2026-12-03: Qwen3-32B's 37.6 -> 34.5 us, 1.03x a plain read of its weight), and Llama-3.1-8B's at M = 4.
 Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.7-2.7x, the 4 MB k|v
 5-7x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
 0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes

@@ -61,7 +61,8 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     # DOWN_M1: the three down projections' M = 1 / 4 rows were re-measured 2026-12-03 (same GPU and versions, copy
     # 4.25 TB/s) by `python benchmarks/gemm.py --ms 1,4 --only down --small-only` on the tree of commit 6fa7570:
     # the TMA family (measured at M >= 16 until then) took M = 1 from 16.9 / 19.3 / 37.6 us to 16.1 / 17.9 / 34.5
-    # (Qwen3-8B / Llama-3.1-8B / Qwen3-32B; 1.03-1.12x their read floors).
+    # (Qwen3-8B / Llama-3.1-8B / Qwen3-32B; 1.03-1.12x their read floors); at M = 4 Llama's took TMA tiles, the
+    # other two pointer loads with two K tiles per iteration (17.1 / 19.2 / 37.0 -> 16.1 / 18.2 / 34.2 us).
     # M buckets 1 and 4: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s)
     # by `python benchmarks/gemm.py --ms 1,4 --small-only` on commit f4ba5ab with the GEMV path (_gemv_kernels.py)
     # among the candidates: it won at M = 1 on 13 of 16 shapes (all but the three down projections), by 1-14%;
@@ -79,17 +80,17 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 1, 24576, 4096): Choice("gemv", GemvConfig(8, 512, 4, 1)),
     # 27.9 us = 1.18x roofline; cuBLAS 35.3 us, bf16 49.9 us
     ("sm90", 4, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
-    # 16.1 us = 1.36x roofline; cuBLAS 30.1 us, bf16 28.7 us (the TMA family; DOWN_M1 below)
+    # 16.1 us = 1.36x roofline; cuBLAS 30.1 us, bf16 28.7 us (the TMA family; DOWN_M1 above)
     ("sm90", 1, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
-    # 16.1 us = 1.36x roofline; cuBLAS 25.3 us, bf16 29.5 us (DOWN_M1 below)
+    # 16.1 us = 1.36x roofline; cuBLAS 25.3 us, bf16 29.5 us (DOWN_M1 above)
     ("sm90", 4, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 2, False, False)),
     # 30.8 us = 1.12x roofline; cuBLAS 48.8 us, bf16 61.2 us
     ("sm90", 1, 28672, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
     # 31.4 us = 1.14x roofline; cuBLAS 38.4 us, bf16 56.8 us
     ("sm90", 4, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
-    # 17.9 us = 1.30x roofline; cuBLAS 31.8 us, bf16 31.2 us (DOWN_M1 below)
+    # 17.9 us = 1.30x roofline; cuBLAS 31.8 us, bf16 31.2 us (DOWN_M1 above)
     ("sm90", 1, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
-    # 18.2 us = 1.31x roofline; cuBLAS 28.5 us, bf16 31.6 us (DOWN_M1 below)
+    # 18.2 us = 1.31x roofline; cuBLAS 28.5 us, bf16 31.6 us (DOWN_M1 above)
     ("sm90", 4, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
     # 15.8 us = 1.29x roofline; cuBLAS 24.0 us, bf16 27.9 us
     ("sm90", 1, 10240, 5120): Choice("gemv", GemvConfig(8, 512, 4, 1)),
@@ -103,9 +104,9 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 1, 51200, 5120): Choice("gemv", GemvConfig(8, 1024, 4, 1)),
     # 67.5 us = 1.10x roofline; cuBLAS 86.4 us, bf16 134.8 us
     ("sm90", 4, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'last', 1, False)),
-    # 34.5 us = 1.12x roofline; cuBLAS 49.5 us, bf16 67.3 us (DOWN_M1 below)
+    # 34.5 us = 1.12x roofline; cuBLAS 49.5 us, bf16 67.3 us (DOWN_M1 above)
     ("sm90", 1, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False, True)),
-    # 34.2 us = 1.11x roofline; cuBLAS 46.3 us, bf16 68.0 us (DOWN_M1 below)
+    # 34.2 us = 1.11x roofline; cuBLAS 46.3 us, bf16 68.0 us (DOWN_M1 above)
     ("sm90", 4, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 2, False, False)),
     # 4.9 us = 4.94x roofline; cuBLAS 18.7 us, bf16 7.9 us
     ("sm90", 1, 1024, 4096): Choice("gemv", GemvConfig(2, 1024, 4, 1)),
