@@ -179,11 +179,13 @@ class _Run:
                                 ("inline_norm", functools.partial(self._whole_graph_rewrite, "inline_norm")),
                                 ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
                                 ("gemm_silu_quant", functools.partial(self._whole_graph_rewrite, "gemm_silu_quant")),
-                                ("quant_gemm", functools.partial(self._whole_graph_rewrite, "quant_gemm")),
                                 ("gqa_attention", functools.partial(self._whole_graph_rewrite, "gqa_attention")),
                                 ("decode_attention",
                                  functools.partial(self._whole_graph_rewrite, "decode_attention")),
                                 ("rope_attention", functools.partial(self._whole_graph_rewrite, "rope_attention")),
+                                # after the attention rewrites: their launch takes the o_proj's quant first
+                                # (the order's reason: patterns/__init__.py)
+                                ("quant_gemm", functools.partial(self._whole_graph_rewrite, "quant_gemm")),
                                 ("zero_fill", self._zero_fill)):
                 try:
                     stage()
@@ -237,8 +239,8 @@ class _Run:
 
     def _whole_graph_rewrite(self, name: str) -> None:
         """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope, qk_rope,
-        rope_cache, inline_norm, group_gemm, gemm_silu_quant, quant_gemm, gqa_attention, decode_attention,
-        rope_attention. Each
+        rope_cache, inline_norm, group_gemm, gemm_silu_quant, gqa_attention, decode_attention, rope_attention,
+        quant_gemm. Each
         rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not self._may_run(name):

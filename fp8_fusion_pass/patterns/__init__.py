@@ -3,7 +3,9 @@ row implements it (one fusion per file, each with its before -> after docstring 
 
 Order matters: duplicate quants collapse first (so q/k/v share one quant before the norm fusion looks for
 "exactly one quant"), the residual-add norm fusion is tried before the plain one (the plain pattern is a subset
-of it: it would match the same norm with the add's sum as its input), and zero fills go last.
+of it: it would match the same norm with the add's sum as its input), the attention rewrites fold the o_proj's
+input quant into their launch before ``quant_gemm`` may move it into the GEMV (measured faster: the fold adds
+~0.5 us to the attention, the quantizing GEMV ~0.9 us to the GEMV), and zero fills go last.
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("group_gemm", "group_gemm", "group_gemm", "blockscale_mm_grouped", False),
     # blockscale_mm (or grouped gate / up) -> silu_mul_group_quant  ->  blockscale_mm_silu_mul_group_quant
     Fusion("gemm_silu_quant", "gemm_silu_quant", "gemm_silu_quant", "blockscale_mm_silu_mul_group_quant", False),
-    # group_quant -> blockscale_mm (no producer took the quant in), M <= 4  ->  group_quant_blockscale_mm
-    Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", False),
     # repeat_kv copies of the KV cache -> SDPA, one query token  ->  SDPA on the cache, query heads as rows
     Fusion("gqa_attention", "gqa_attention", "gqa_attention", None, False),
     # bmm(softmax(where(~keep, -inf, scale * bmm(q, k^T).float())).to(bf16), v), few rows  ->  decode_attention
     Fusion("decode_attention", "decode_attention", "decode_attention", "decode_attention", False),
     # *_rope_cache -> decode_attention_upto(_quant) on its q and caches, one token  ->  rope_decode_attention
     Fusion("rope_attention", "rope_attention", "rope_attention", "rope_decode_attention", False),
+    # group_quant -> blockscale_mm (no producer took the quant in, the attention's launch neither), M <= 4
+    #   ->  group_quant_blockscale_mm
+    Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", False),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True),
 )

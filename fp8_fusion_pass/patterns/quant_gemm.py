@@ -15,7 +15,11 @@ M = 1: 8.19 against 8.93 us, ``benchmarks/quant_gemm.py --sweep``), elsewhere th
 own (8 rows per program, the activation quantized half as often as at the GEMM's 4), so its sums may be
 ordered differently from the unfused GEMM's: not bit-exact, off in deterministic mode.
 
-Runs after ``gemm_silu_quant``, on the quants left. Guards: the switch and deterministic mode; the quant's q and
+Runs last but for ``zero_fill``, on the quants left: after ``decode_attention`` / ``rope_attention``, whose launch
+quantizes its own output where the heads are whole quant groups. That fold won end to end on the H200 (2026-12-03,
+``benchmarks/decode.py --also=-quant_gemm``, batch 1: Llama-3.1-8B 2.821 -> 2.807 ms, Qwen3-8B 3.006 -> 2.981 ms):
+~0.5 us in the attention against ~0.9 us in the GEMV. So at decode this rewrite takes what the attention cannot:
+heads narrower than a group, or an attention the pass does not own (the HF form's SDPA). Guards: the switch and deterministic mode; the quant's q and
 scale feed only ``blockscale_mm`` as its (q, x_scale), directly (``consumer_not_blockscale_mm``: no reshape
 between, as ``BlockFP8Linear`` writes it, so the input is [M, K]); a bf16 input; groups of 128 and the fused op on
 the GEMM's backend (``no_fused_kernel``: not aiter); a static M of at most 4 rows (``m_above_gemv``) with a

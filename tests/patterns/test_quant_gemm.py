@@ -154,3 +154,35 @@ def test_on_triton_only_a_measured_win_is_fused(monkeypatch):
     monkeypatch.setitem(gqm.TABLE, key, GemvConfig(8, 256, 4, 1))
     n, found, r = run()
     assert n == 1 and found == [], r.render()
+
+
+
+def _decode_step_graph(preset):
+    from test_rope_cache import _engine_step
+
+    model, _, new_cache = _engine_step(preset)  # batch 3: rows the quantizing GEMV would take
+    cache, _ = new_cache()
+    (gm,) = capture(lambda ids, pos: model(ids, pos, cache), torch.zeros(3, 1, dtype=torch.long),
+                    torch.tensor([[5], [11], [2]]))  # fmt: skip
+    return gm
+
+
+def test_the_attention_launch_takes_the_o_proj_quant_first():
+    """At decode the attention rewrites run first and fold the o_proj's input quant into their launch: on the H200
+    that costs the attention ~0.5 us where the quantizing GEMV costs ~0.9 us (the order's reason,
+    patterns/__init__.py). With the attention rewrites off, this rewrite still takes the quant."""
+    gm = _decode_step_graph("qwen3-tiny")  # head dim 128: one quant group per head, the fold can run
+    r, out = run_pass(gm, FusionConfig())
+    rope_ops = [n for n in out.graph.nodes if n.args and n.args[0] is ops.rope_decode_attention.default]
+    assert r.counts()["rope_attention"] == LAYERS and "quant_gemm" not in r.counts(), r.render()
+    assert count(out, FUSED) == 0 and count(out, ops.group_quant.default) == 0
+    assert len(rope_ops) == LAYERS and all(n.kwargs["group_size"] == 128 for n in rope_ops)  # the quant in it
+    r, out = run_pass(gm, FusionConfig(decode_attention=False))
+    assert r.counts()["quant_gemm"] == LAYERS and count(out, FUSED) == LAYERS, r.render()
+
+
+def test_a_quant_the_attention_cannot_fold_still_goes_into_the_gemv():
+    # Llama-tiny's heads are 64 wide, half a quant group: the attention's launch cannot quantize its output
+    r, out = run_pass(_decode_step_graph("llama-tiny"), FusionConfig())
+    assert r.counts()["rope_attention"] == LAYERS and r.counts()["quant_gemm"] == LAYERS, r.render()
+    assert count(out, FUSED) == LAYERS and count(out, ops.group_quant.default) == 0
