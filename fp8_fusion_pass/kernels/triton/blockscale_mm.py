@@ -63,6 +63,8 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     # the TMA family (measured at M >= 16 until then) took M = 1 from 16.9 / 19.3 / 37.6 us to 16.1 / 17.9 / 34.5
     # (Qwen3-8B / Llama-3.1-8B / Qwen3-32B; 1.03-1.12x their read floors); at M = 4 Llama's took TMA tiles, the
     # other two pointer loads with two K tiles per iteration (17.1 / 19.2 / 37.0 -> 16.1 / 18.2 / 34.2 us).
+    # The other 13 M = 1 shapes with the TMA family among the candidates (`gemm.py --ms 1 --small-only`, same day,
+    # commit c151632): it ties the GEMV rows below within 0-3% (the spread between runs), so they stay.
     # M buckets 1 and 4: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s)
     # by `python benchmarks/gemm.py --ms 1,4 --small-only` on commit f4ba5ab with the GEMV path (_gemv_kernels.py)
     # among the candidates: it won at M = 1 on 13 of 16 shapes (all but the three down projections), by 1-14%;
