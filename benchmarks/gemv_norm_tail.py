@@ -26,6 +26,7 @@ Measured (H200, 2026-12-03, commit 8b7508f; docs/benchmarks.md): pair 9.35 / tai
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -113,7 +114,9 @@ def gemv_norm_tail(q, x_scale, w_q, w_scale, residual, norm_w, eps, config: Gemv
     return out, qo, so, res_out
 
 
-def run_point(name: str, n: int, k: int, config: GemvConfig) -> dict:
+def run_point(name: str, n: int, k: int, config: GemvConfig, tail_warps: int | None = None) -> dict:
+    """``tail_warps``: the tail kernel's warps (its GEMV's too; default the GEMV config's)."""
+    tail_config = dataclasses.replace(config, warps=tail_warps or config.warps)
     fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
     copies = max(2, math.ceil(ROTATE_BYTES / (n * k)))
     ws = [ref.quantize_weight_blockwise(torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.05, (128, 128),
@@ -130,7 +133,7 @@ def run_point(name: str, n: int, k: int, config: GemvConfig) -> dict:
         return (o := gemv(c)), *add_rms_norm_group_quant(o, residual, norm_w, EPS, G)
 
     def tail(c):
-        return gemv_norm_tail(xq, xs, *ws[c], residual, norm_w, EPS, config, counter)
+        return gemv_norm_tail(xq, xs, *ws[c], residual, norm_w, EPS, tail_config, counter)
 
     (o1, q1, s1, r1), (o2, q2, s2, r2) = pair(0), tail(0)
     if not (torch.equal(o1, o2) and torch.equal(r1, r2)) or counter.item() != 0:
@@ -141,7 +144,7 @@ def run_point(name: str, n: int, k: int, config: GemvConfig) -> dict:
         raise SystemExit(f"{name}: the tail's quant is {off} values / scales off the pair's: WRONG")
     differ = int((q1.view(torch.uint8) != q2.view(torch.uint8)).sum())
     dry = DEVICE == "cpu"
-    return {"shape": name, "N": n, "K": k, "config": str(config), "gemv_us": time_graph(gemv, copies, dry),
+    return {"shape": name, "N": n, "K": k, "config": str(config), "tail_warps": tail_config.warps, "gemv_us": time_graph(gemv, copies, dry),
             "pair_us": time_graph(pair, copies, dry), "tail_us": time_graph(tail, copies, dry),
             "q_values_differing": differ}  # fmt: skip
 
@@ -149,6 +152,7 @@ def run_point(name: str, n: int, k: int, config: GemvConfig) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
+    p.add_argument("--tail-warps", default="", help="comma-separated warps for the tail kernel (default: the GEMV's)")
     args = p.parse_args(argv)
     global DEVICE
     DEVICE = "cpu" if args.dry_run else "cuda"
@@ -164,11 +168,12 @@ def main(argv=None) -> int:
         if args.dry_run:
             config = GemvConfig(4, 256, 4, 1)
         log(f"{name}: GEMV {config}")
-        rows.append(run_point(name, n, k, config))
-    print(tabulate([[r["shape"], r["gemv_us"], r["pair_us"], r["tail_us"], r["pair_us"] - r["tail_us"],
+        for warps in [int(w) for w in args.tail_warps.split(",") if w] or [None]:
+            rows.append(run_point(name, n, k, config, warps))
+    print(tabulate([[r["shape"], r["gemv_us"], r["pair_us"], r["tail_warps"], r["tail_us"], r["pair_us"] - r["tail_us"],
                      r["q_values_differing"]] for r in rows],
-                   headers=["o_proj", "GEMV us", "GEMV + norm launch us", "GEMV with the tail us", "saved us",
-                            "q values differing"], floatfmt=".2f"))  # fmt: skip
+                   headers=["o_proj", "GEMV us", "GEMV + norm launch us", "tail warps", "GEMV with the tail us",
+                            "saved us", "q values differing"], floatfmt=".2f"))  # fmt: skip
     return 0
 
 

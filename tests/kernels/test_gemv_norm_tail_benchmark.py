@@ -23,7 +23,7 @@ def on_cpu(monkeypatch):
 def test_the_tail_matches_the_pair(on_cpu, capsys):
     assert gemv_norm_tail.main(["--dry-run"]) == 0
     (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("tiny")]
-    assert row[-1] == "0"  # q bit for bit the pair's at this shape
+    assert row[-1] == "0" and row[-4] == "4"  # q bit for bit the pair's at this shape; the GEMV config's warps
 
 
 def test_a_wrong_tail_is_caught(on_cpu, monkeypatch):
