@@ -20,7 +20,8 @@ Timing as ``benchmarks/quant_gemm.py``: CUDA-graph replays cycling weight copies
 not a library kernel: nothing in the pass calls it.
 
 Measured (H200, 2026-12-03, commit 8b7508f; docs/benchmarks.md): pair 9.35 / tail 9.41 us at 4096 x 4096, pair 17.09
-/ tail 22.58 us at Qwen3-32B's 5120 x 8192, q bit for bit at both. The tail costs a launch or more: ruled out.
+/ tail 22.58 us at Qwen3-32B's 5120 x 8192, q bit for bit at both; 8 or 16 warps were slower still (``--tail-warps``).
+The tail costs a launch or more: ruled out.
 """
 
 from __future__ import annotations
