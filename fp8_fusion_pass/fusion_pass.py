@@ -28,7 +28,7 @@ import pathlib
 import sys
 import threading
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch._inductor import custom_graph_pass
@@ -171,22 +171,7 @@ class _Run:
         if not self.report.inference:
             self.report.notes.append("not an inference graph (it needs gradients): left alone")
         else:
-            for name, stage in (("dedup_quant", self._dedup), ("fusions", self._fuse),
-                                ("why-not scan", self._explain),
-                                ("norm_rope", functools.partial(self._whole_graph_rewrite, "norm_rope")),
-                                ("qk_rope", functools.partial(self._whole_graph_rewrite, "qk_rope")),
-                                ("rope_cache", functools.partial(self._whole_graph_rewrite, "rope_cache")),
-                                ("inline_norm", functools.partial(self._whole_graph_rewrite, "inline_norm")),
-                                ("group_gemm", functools.partial(self._whole_graph_rewrite, "group_gemm")),
-                                ("gemm_silu_quant", functools.partial(self._whole_graph_rewrite, "gemm_silu_quant")),
-                                ("gqa_attention", functools.partial(self._whole_graph_rewrite, "gqa_attention")),
-                                ("decode_attention",
-                                 functools.partial(self._whole_graph_rewrite, "decode_attention")),
-                                ("rope_attention", functools.partial(self._whole_graph_rewrite, "rope_attention")),
-                                # after the attention rewrites: their launch takes the o_proj's quant first
-                                # (the order's reason: patterns/__init__.py)
-                                ("quant_gemm", functools.partial(self._whole_graph_rewrite, "quant_gemm")),
-                                ("zero_fill", self._zero_fill)):
+            for name, stage in self.stages():
                 try:
                     stage()
                 except Exception as e:  # noqa: BLE001 - e.g. a pattern that fails to trace on this torch
@@ -194,6 +179,20 @@ class _Run:
         log.info(self.report.summary_line())
 
     # ------------------------------------------------------------ stages
+    def stages(self) -> list[tuple[str, Callable[[], None]]]:
+        """(name, stage) in the order of ``patterns.FUSIONS`` (its docstring says why that order): one table
+        sets it. The matched rows share one pattern pass and the why-not scan after it, where the first stands."""
+        stages: list = []
+        for fusion in FUSIONS:
+            if fusion.stage == "graph":
+                stages.append((fusion.name, functools.partial(self._whole_graph_rewrite, fusion.name)))
+            elif fusion.stage == "matched":
+                if ("fusions", self._fuse) not in stages:
+                    stages += [("fusions", self._fuse), ("why-not scan", self._explain)]
+            else:
+                stages.append((fusion.name, {"dedup": self._dedup, "zero_fill": self._zero_fill}[fusion.stage]))
+        return stages
+
     def _dedup(self) -> None:
         fusion = BY_NAME["dedup_quant"]
         gate = guards.can_run_fusion(fusion.switch, fusion.bit_exact, self.config, self.env_disabled,
@@ -238,10 +237,8 @@ class _Run:
         return guards.can_run_fusion(f.switch, f.bit_exact, self.config, self.env_disabled, self.deterministic).ok
 
     def _whole_graph_rewrite(self, name: str) -> None:
-        """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``): norm_rope, qk_rope,
-        rope_cache, inline_norm, group_gemm, gemm_silu_quant, gqa_attention, decode_attention, rope_attention,
-        quant_gemm. Each
-        rewrites one site whole or not at all, so a failure leaves a valid graph."""
+        """A rewrite that walks the graph itself (``patterns.<module>.run(graph, report)``; the "graph" rows of
+        FUSIONS). Each rewrites one site whole or not at all, so a failure leaves a valid graph."""
         fusion = BY_NAME[name]
         if not self._may_run(name):
             return

@@ -132,6 +132,24 @@ def test_a_stage_that_raises_is_isolated(op_graph, monkeypatch):
     assert r.rejection_reasons() == {"unrecognized_spelling": 1}  # the why-not scan still explains the norm
 
 
+def _stage_names(graph) -> list[str]:
+    return [name for name, _ in fusion_pass._Run(graph, FusionConfig(), True).stages()]
+
+
+def test_the_stages_run_in_the_order_of_the_fusions_table(op_graph, monkeypatch):
+    from fp8_fusion_pass.patterns import FUSIONS
+
+    graph_rows = [f.name for f in FUSIONS if f.stage == "graph"]
+    assert _stage_names(op_graph.graph) == ["dedup_quant", "fusions", "why-not scan", *graph_rows, "zero_fill"]
+    # the attention's launch takes the o_proj quant before quant_gemm may (patterns/__init__.py says why)
+    assert graph_rows.index("rope_attention") < graph_rows.index("quant_gemm")
+    # one table sets the order: moving a row moves its stage, nothing else to edit
+    moved = tuple(f for f in FUSIONS if f.name != "quant_gemm")
+    moved = moved[:3] + (next(f for f in FUSIONS if f.name == "quant_gemm"),) + moved[3:]
+    monkeypatch.setattr(fusion_pass, "FUSIONS", moved)
+    assert _stage_names(op_graph.graph)[:4] == ["dedup_quant", "fusions", "why-not scan", "quant_gemm"]
+
+
 def test_inject_failure_rejects_unknown_stages():
     with pytest.raises(ValueError):
         with fusion_pass.inject_failure("match", "norm_quant"):
