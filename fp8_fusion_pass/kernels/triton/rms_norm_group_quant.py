@@ -18,8 +18,9 @@ def rms_norm_group_quant(x: torch.Tensor, w: torch.Tensor, eps: float, group_siz
 
 
 def add_rms_norm_group_quant(
-    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, group_size: int = 128
+    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, group_size: int = 128, prefetch=(None, 0, 0, False)
 ):
-    """Returns ``(q, scale, residual_out)`` with ``residual_out = residual + x`` rounded to x.dtype."""
-    (q, scale), residual_out = launch(x, w, eps, residual, group_size)
+    """Returns ``(q, scale, residual_out)`` with ``residual_out = residual + x`` rounded to x.dtype. ``prefetch``:
+    ``rms_norm.launch``'s."""
+    (q, scale), residual_out = launch(x, w, eps, residual, group_size, prefetch=prefetch)
     return q, scale, residual_out
