@@ -100,7 +100,7 @@ def variant_config(variant: str) -> FusionConfig | None:
     scheme, sep, rest = variant.partition("+")
     if not sep:
         return None
-    changes = re.findall(r"([+-])([a-z_]+)", rest.removeprefix("pass"))
+    changes = re.findall(r"([+-])([a-z0-9_]+)", rest.removeprefix("pass"))
     if not rest.startswith("pass") or "".join(sign + name for sign, name in changes) != rest.removeprefix("pass"):
         raise SystemExit(f"variant {variant!r}: expected {scheme}+pass, then +REWRITE / -REWRITE items")
     unknown = [name for _, name in changes if name not in FUSIONS]

@@ -1,12 +1,14 @@
-"""The next GEMM's weight into L2 from a kernel that leaves HBM idle: every program issues its share of
-``cp.async.bulk.prefetch.L2`` hints at its start, and the GEMM after it finds that much of its weight in L2.
+"""The next GEMM's weight into L2 from a launch that leaves HBM idle: programs added to that launch issue
+``cp.async.bulk.prefetch.L2`` hints for the first bytes of the weight, and the GEMM after it finds them in L2.
 
-Why: at batch 1 a decode step's GEMVs stream their weights near the read floor, and the launches between them
-(the attention, 7.75 us at Qwen3-32B for 2 MB of cache) read almost nothing from HBM. A prefetch is a hint: no
-register written, nothing to wait for, so the program goes on at once and may exit while the bytes are in flight;
-the kernel's own loads queue behind them. Nothing is stored, so the outputs are bit for bit those without it.
-sm_90+ only (the bulk prefetch); elsewhere (and in the interpreter) ``PREFETCH`` is False and the branch is pruned
-at compile time.
+Why: at batch 1 a decode step's GEMVs stream their weights near the read floor, and the norm launch before the
+qkv and gate_up GEMMs (~2.5 us) reads a few KB. A prefetch is a hint: no register written, nothing to wait for, so
+a program issues its share and exits while the bytes are in flight. Nothing is stored, so every output is bit for
+bit what it is without it. Measured on the H200 (``benchmarks/l2_prefetch.py``, docs/benchmarks.md): 132 extra
+programs of the norm's launch prefetching the first 8 MB took 1.6% off norm + Qwen3-32B gate_up GEMV (68.65 ->
+67.57 us) and 2.4% off Qwen3-8B's; a prefetch launch of its own cost more than it saved, and the decode attention
+issuing it in its own programs before its key loop made the attention wait behind the prefetch (worse at every size).
+sm_90+ only (the bulk prefetch); elsewhere, and in the interpreter, nothing is hinted.
 """
 
 from __future__ import annotations
@@ -28,20 +30,20 @@ def prefetchable(t: torch.Tensor | None) -> bool:
     return arch.arch_of(t.device).pdl and t.data_ptr() % ALIGN == 0
 
 
-def prefetch_args(t: torch.Tensor | None, nbytes: int) -> tuple[dict, tuple]:
-    """(constexprs, (pointer, bytes)) for a kernel taking ``pf_ptr, pf_bytes`` and ``PREFETCH``: the first
-    ``nbytes`` of ``t`` (rounded down to 16, at most its size), or PREFETCH off with a dummy pointer."""
-    if not prefetchable(t) or nbytes < ALIGN:
-        return {"PREFETCH": False}, (t if t is not None else torch.empty(0), 0)
-    size = t.numel() * t.element_size()
-    return {"PREFETCH": True}, (t, min(nbytes, size) // ALIGN * ALIGN)
+def prefetch_bytes(t: torch.Tensor | None, nbytes: int) -> int:
+    """How many of the first ``nbytes`` of ``t`` to hint (rounded down to 16, at most its size); 0 where
+    nothing can be hinted (``prefetchable``)."""
+    if not prefetchable(t):
+        return 0
+    return min(nbytes, t.numel() * t.element_size()) // ALIGN * ALIGN
 
 
 @triton.jit
 def prefetch_share(pf_ptr, pf_bytes, pid, nprog, LANES: tl.constexpr):
     """Program ``pid`` of ``nprog`` hints its contiguous share of bytes ``[0, pf_bytes)`` of ``pf_ptr`` into L2,
     ``LANES`` bulk prefetches of at most ``ceil(share / LANES)`` bytes (one per thread at LANES = the threads).
-    A lane past the end repeats the last 16 bytes (a size-0 prefetch is not allowed; a repeat costs nothing)."""
+    A lane past the end repeats the last 16 bytes (a size-0 prefetch is not allowed; a repeat costs nothing).
+    ``pf_bytes``: a positive multiple of 16."""
     units = pf_bytes // 16  # 16-byte units
     per_prog = tl.cdiv(units, nprog)
     per_lane = tl.cdiv(per_prog, LANES)
@@ -56,31 +58,13 @@ def prefetch_share(pf_ptr, pf_bytes, pid, nprog, LANES: tl.constexpr):
 
 
 @triton.jit
-def prefetch_lines(pf_ptr, pf_bytes, pid, nprog, LANES: tl.constexpr):
-    """``prefetch_share`` by ``prefetch.global.L2`` of each 128-byte line (no bulk copy engine involved): the
-    program's share in steps of LANES lines, one per thread per step."""
-    lines = tl.cdiv(pf_bytes, 128)
-    per_prog = tl.cdiv(lines, nprog)
-    lo = pid * per_prog
-    hi = tl.minimum(lo + per_prog, lines)
-    base = pf_ptr.to(tl.pointer_type(tl.uint8))
-    for first in range(lo, hi, LANES):
-        line = tl.minimum(first + tl.arange(0, LANES), hi - 1).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + line * 128],
-                                  dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+def _prefetch_kernel(pf_ptr, pf_bytes, LANES: tl.constexpr):
+    prefetch_share(pf_ptr, pf_bytes, tl.program_id(0), tl.num_programs(0), LANES)
 
 
-@triton.jit
-def _prefetch_kernel(pf_ptr, pf_bytes, LANES: tl.constexpr, LINES: tl.constexpr):
-    if LINES:
-        prefetch_lines(pf_ptr, pf_bytes, tl.program_id(0), tl.num_programs(0), LANES)
-    else:
-        prefetch_share(pf_ptr, pf_bytes, tl.program_id(0), tl.num_programs(0), LANES)
-
-
-def l2_prefetch(t: torch.Tensor, nbytes: int, programs: int = 132, warps: int = 4, lines: bool = False) -> None:
-    """A launch of its own that hints the first ``nbytes`` of ``t`` into L2 (a probe for ``benchmarks/
-    l2_prefetch.py``); ``lines``: by ``prefetch.global.L2`` per line instead of the bulk prefetch."""
-    constexprs, (ptr, n) = prefetch_args(t, nbytes)
-    if constexprs["PREFETCH"]:
-        _prefetch_kernel[(programs,)](ptr, n, LANES=32 * warps, LINES=lines, num_warps=warps)
+def l2_prefetch(t: torch.Tensor, nbytes: int, programs: int = 132, warps: int = 4) -> None:
+    """A launch of its own that hints the first ``nbytes`` of ``t`` into L2 (``benchmarks/l2_prefetch.py``'s
+    "launch" variant: slower than the hint inside the norm's launch, which the library uses)."""
+    n = prefetch_bytes(t, nbytes)
+    if n:
+        _prefetch_kernel[(programs,)](t, n, LANES=32 * warps, num_warps=warps)

@@ -47,7 +47,6 @@ import triton.language as tl
 
 from ... import arch
 from ._fp8 import group_quant_tile, kernel_constexprs, round_to, rounded, to_fp32
-from ._l2_prefetch import prefetch_args, prefetch_share
 from ._small_m_kernels import _last_arrival, tile_counters
 
 
@@ -141,7 +140,6 @@ def _decode_attention_kernel(
     # R, D] strides), and the new token's k / v go into the caches at pos[b] from here (see the module docstring)
     wq_ptr, wk_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr,
     skn_b, skn_h, skn_d, svn_b, svn_h, svn_d, sc_b, sc_d, ss_b, ss_d, sp_b, eps,
-    pf_ptr, pf_bytes,  # PREFETCH: the first pf_bytes of the next GEMM's weight, hinted into L2 (_l2_prefetch.py)
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (batch row, kv head); above 1 they write partials, the last merges them
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
@@ -151,12 +149,9 @@ def _decode_attention_kernel(
     G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
     ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
     NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)
-    PREFETCH: tl.constexpr, LANES: tl.constexpr,  # LANES: the program's threads, one bulk prefetch each
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
-    if PREFETCH:  # first: the hints are in flight for the whole launch (the key loads queue behind them)
-        prefetch_share(pf_ptr, pf_bytes, pair * SPLITS + split, tl.num_programs(0) * SPLITS, LANES)
     b = pair // HKV
     h = pair % HKV
     rows = tl.arange(0, BLOCK_R)
@@ -304,13 +299,11 @@ def decode_attention_upto(q, k_cache, v_cache, last, scale: float, cfg: Attentio
 
 
 def decode_attention_upto_quant(q, k_cache, v_cache, last, scale: float, group_size: int,
-                                cfg: AttentionConfig | None = None, prefetch: torch.Tensor | None = None,
-                                prefetch_bytes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                                cfg: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``decode_attention_upto`` then ``group_quant`` of its output, in its one launch: ``(o_q fp8, scales
-    [B, Hkv, R, D / group_size])``. ``prefetch``: the first ``prefetch_bytes`` of that tensor (the o_proj's
-    weight) hinted into L2 meanwhile (``_l2_prefetch.py``; sm_90+, else ignored)."""
+    [B, Hkv, R, D / group_size])``."""
     return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
-                   group_size=group_size, prefetch=(prefetch, prefetch_bytes))  # fmt: skip
+                   group_size=group_size)  # fmt: skip
 
 
 def new_from_registers(constexprs: dict) -> bool:
@@ -322,8 +315,7 @@ def new_from_registers(constexprs: dict) -> bool:
 
 
 def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last, scale: float,
-                          group_size: int, cfg: AttentionConfig | None = None, prefetch: torch.Tensor | None = None,
-                          prefetch_bytes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                          group_size: int, cfg: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``reference.rope_decode_attention`` in one launch: the step's q / k (Qwen3: normed) and RoPE'd, k and v
     written into their cache slots, then ``decode_attention_upto`` (with ``group_size``: its quant); inputs validated
     by the op. Returns ``(o, scales)`` (no quant: scales ``[B, Hkv, R, 0]``)."""
@@ -342,15 +334,13 @@ def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_ca
         "NORM": norm,
     }  # fmt: skip
     return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
-                   group_size=group_size, shape=(b, hkv, r, d), q_strides=q_strides, rope=rope, both=True,
-                   prefetch=(prefetch, prefetch_bytes))
+                   group_size=group_size, shape=(b, hkv, r, d), q_strides=q_strides, rope=rope, both=True)
 
 
 def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, group_size: int = 0, shape=None,
-            q_strides=None, rope=None, both: bool = False, prefetch=(None, 0)):
+            q_strides=None, rope=None, both: bool = False):
     """One launch; ``shape`` / ``q_strides``: q's as [B, Hkv, R, D] (default: q's own); ``rope``: the RoPE
-    prologue's arguments; ``both``: return ``(out, scales)`` even without the quant; ``prefetch``: (tensor,
-    bytes) to hint into L2."""
+    prologue's arguments; ``both``: return ``(out, scales)`` even without the quant."""
     b, hkv, r, d = shape or q.shape
     t = k_cache.shape[2]
     quant = group_size > 0
@@ -372,17 +362,16 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
     rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,)
     constexprs = kernel_constexprs(q.device)
-    pf_constexprs, pf_args = prefetch_args(prefetch[0], prefetch[1])
     _decode_attention_kernel[(pairs, splits)](
         q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
         hkv, r, t, per, float(scale),
         *(q_strides or q.stride()), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
-        *rope_args, *(pf_args if pf_constexprs["PREFETCH"] else (q, 0)),
+        *rope_args,
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs),
-        **pf_constexprs, LANES=32 * cfg.num_warps, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
         **({"enable_fp_fusion": False} if rope and not constexprs["PTX"] else {}),

@@ -31,7 +31,7 @@ import triton.language as tl
 from ... import arch
 from . import _tiles
 from ._fp8 import group_quant_tile, kernel_constexprs, round_to, to_fp32
-from ._l2_prefetch import prefetch_args, prefetch_lines, prefetch_share
+from ._l2_prefetch import prefetch_bytes, prefetch_share
 from ._pdl import pdl_kwargs, wait_then_launch
 
 COLUMN_BLOCK = 128  # G of the unquantized norms: the same tiles as the fused norm at group size 128
@@ -152,10 +152,9 @@ def _rms_norm_kernel(
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast (_fp8.kernel_constexprs)
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait_then_launch before any load or store
-    pf_ptr, pf_bytes,  # L2_PROGRAMS: the first pf_bytes of the next GEMM's weight, hinted into L2
+    pf_ptr, pf_bytes,  # L2_PROGRAMS: the first pf_bytes of the next GEMM's weight, hinted into L2 (_l2_prefetch.py)
     L2_PROGRAMS: tl.constexpr,  # programs after the norm's that only prefetch (their norm blocks are empty)
-    L2_LINES: tl.constexpr,  # by prefetch.global.L2 per line, else the bulk prefetch (_l2_prefetch.py)
-    L2_LANES: tl.constexpr,  # the program's threads: one prefetch each per step
+    L2_LANES: tl.constexpr,  # the program's threads: one bulk prefetch each
 ):
     wait_then_launch(PDL)
     DTYPE = x_ptr.dtype.element_ty
@@ -163,10 +162,7 @@ def _rms_norm_kernel(
     nprog = tl.num_programs(0) - L2_PROGRAMS  # the norm's programs; the grid-stride below leaves the rest idle
     if L2_PROGRAMS > 0:
         if pid >= nprog:
-            if L2_LINES:
-                prefetch_lines(pf_ptr, pf_bytes, pid - nprog, L2_PROGRAMS, L2_LANES)
-            else:
-                prefetch_share(pf_ptr, pf_bytes, pid - nprog, L2_PROGRAMS, L2_LANES)
+            prefetch_share(pf_ptr, pf_bytes, pid - nprog, L2_PROGRAMS, L2_LANES)
     NG = tl.cdiv(K, G)
     eps = tl.cast(eps, tl.float32)
     rr = tl.arange(0, BLOCK_M)
@@ -246,6 +242,11 @@ def _rms_norm_kernel(
 
 # fmt: on
 
+# The first bytes of the next GEMM's weight the norm's launch hints into L2 (``prefetch``): measured on the H200 at
+# batch 1 (benchmarks/l2_prefetch.py, norm + qkv / gate_up GEMV): 4 and 8 MB saved 0.9-1.1 us at Qwen3-32B's gate_up
+# and 0.5-0.9 us at Qwen3-8B's, 16 MB and more less (the GEMV's first loads wait behind the hints).
+L2_PREFETCH_BYTES = 8_000_000
+
 
 def launch(
     x: torch.Tensor,
@@ -254,12 +255,14 @@ def launch(
     residual: torch.Tensor | None,
     group_size: int | None,
     tile: _tiles.Tile | None = None,
-    prefetch: tuple = (None, 0, 0, False),
+    prefetch: torch.Tensor | None = None,
+    prefetch_nbytes: int = L2_PREFETCH_BYTES,
 ):
     """Run the norm family. ``group_size=None``: unquantized. Returns ``(y or (q, scale), residual_out or None)``.
 
-    ``tile`` overrides ``_tiles.row_tile`` (tests and ``benchmarks/kernels.py --sweep``). ``prefetch``: (tensor,
-    bytes, programs, by lines) hinted into L2 by that many extra programs (``_l2_prefetch.py``; sm_90+)."""
+    ``tile`` overrides ``_tiles.row_tile`` (tests and ``benchmarks/kernels.py --sweep``). ``prefetch``: the next
+    GEMM's weight, its first ``prefetch_nbytes`` hinted into L2 by one extra program per SM (``_l2_prefetch.py``;
+    sm_90+, else ignored)."""
     x2 = _tiles.rows_of(x)
     m, k = x2.shape
     r2 = _tiles.rows_of(residual) if residual is not None else x2
@@ -276,12 +279,12 @@ def launch(
         even = k == covered if tile.one_pass else k % covered == 0
         pdl = pdl_kwargs(dev)
         key = (tile, residual is not None, quant, x.dtype, g, even, pdl["PDL"])  # one compiled variant of the kernel
-        pf_on, (pf_t, pf_bytes) = prefetch_args(prefetch[0], prefetch[1])
-        l2_programs = prefetch[2] if pf_on["PREFETCH"] else 0
+        pf_bytes = prefetch_bytes(prefetch, prefetch_nbytes)
+        l2_programs = _tiles.sm_count(dev) if pf_bytes else 0
         compiled = _rms_norm_kernel[(_tiles.programs(tile, m, dev, key) + l2_programs,)](
             x2, r2, w, y, res_out, q, scale, m, k, x2.stride(0), r2.stride(0), eps,
-            pf_ptr=pf_t if l2_programs else x2, pf_bytes=pf_bytes if l2_programs else 0,
-            L2_PROGRAMS=l2_programs, L2_LINES=bool(prefetch[3]), L2_LANES=32 * tile.num_warps,
+            pf_ptr=prefetch if pf_bytes else x2, pf_bytes=pf_bytes,
+            L2_PROGRAMS=l2_programs, L2_LANES=32 * tile.num_warps,
             G=g, TAIL=tile.tail, ONE_PASS=tile.one_pass, EVEN_K=even, PREFETCH=tile.prefetch and tile.one_pass,
             HAS_RESIDUAL=residual is not None, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs(), **pdl,
         )  # fmt: skip
