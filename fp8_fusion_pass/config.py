@@ -12,7 +12,7 @@ import os
 # Every switchable rewrite, by the name users give it (CLI ``--only``, env ``FP8_FUSION_DISABLE``).
 FUSIONS = ("norm_quant", "silu_quant", "dedup_quant", "norm_rope", "qk_rope", "rope_cache", "inline_norm",
            "group_gemm", "gemm_silu_quant", "quant_gemm", "gqa_attention", "decode_attention",
-           "rope_attention", "l2_prefetch", "zero_fill")
+           "rope_attention", "zero_fill")
 
 ENV_DISABLE = "FP8_FUSION_DISABLE"
 
@@ -59,9 +59,6 @@ class FusionConfig:
     # RoPE, its cache writes and the attention: patterns/rope_attention.py). Not promised bit-exact (Qwen3's norms sum
     # in another order; the fused kernel compiles apart), so deterministic mode keeps it off; measured on the H200.
     rope_attention: bool = True
-    # a fused norm feeding a GEMM of a 16 MB+ weight, at batch 1  =>  its launch also hints the weight's first 8 MB into
-    # L2 (NVIDIA sm_90+, patterns/l2_prefetch.py). Bit-exact (a hint changes no value); measured on the H200.
-    l2_prefetch: bool = True
     # Group sizes the pass fuses; 128 is the checkpoint layout (DeepSeek-V3 / Qwen3-FP8), 64 also has kernels.
     group_sizes: tuple[int, ...] = (128, 64)
     # Honour FP8_FUSION_DISABLE from the environment at compile time.

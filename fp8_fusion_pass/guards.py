@@ -39,7 +39,7 @@ REASONS = {
     "inline_changes_output": "inline_norm: the aten ops would not stand in for the op's outputs one for one",
     "operand_defined_later": "group_gemm: a weight or scale is computed after the group's first GEMM; norm_rope: "
                              "an input of the q / k pair is computed from one of their outputs; rope_cache: the "
-                             "cache positions are; l2_prefetch: the GEMM's weight is computed after the norm",
+                             "cache positions are",
     "no_norm_rope_pair": "norm_rope / qk_rope: a q / k (norm +) RoPE with no second one on the same cos / sin to "
                          "share a launch",
     "cache_write_not_in_place": "rope_cache: k feeds more than its cache write, or the cache is not a graph input "
@@ -67,8 +67,6 @@ REASONS = {
     "unfused_pair_faster": "gemm_silu_quant / quant_gemm: at this M and shape the fused launch has no measured win "
                            "over two; norm_rope / qk_rope: Inductor's combo kernels measured faster here; "
                            "rope_attention: with q / k norms, above 256 batch rows x kv heads",
-    "prefetch_not_measured": "l2_prefetch: M is not a static 1, or the GEMM's weight is under 16 MB: outside what the "
-                             "hint was measured on (H200, batch 1)",
     "kv_copy_faster": "gqa_attention: batch x kv heads too small to fill the GPU with the grouped SDPA; the copy + "
                       "per-head SDPA measured as fast (H200)",
     # runtime gates

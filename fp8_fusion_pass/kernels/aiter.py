@@ -132,14 +132,14 @@ def _lead(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 
 def _norm_quant(fused):
-    def rms_norm_group_quant(x, w, eps, group_size, prefetch=None):  # prefetch: an L2 hint, not taken here
+    def rms_norm_group_quant(x, w, eps, group_size):
         if x.numel() == 0:
             return _delegate("rms_norm_group_quant", x.device)(x, w, eps, group_size)
         # transpose_scale left at its default False: row-major scale (see the layout contract above)
         (q, scale), _, _, _ = fused(_rows(x), w, eps, group_size=group_size, dtype_quant=_fp8(x))
         return _lead(q, x.shape), _lead(scale, x.shape)
 
-    def add_rms_norm_group_quant(x, residual, w, eps, group_size, prefetch=None):
+    def add_rms_norm_group_quant(x, residual, w, eps, group_size):
         if x.numel() == 0:
             return _delegate("add_rms_norm_group_quant", x.device)(x, residual, w, eps, group_size)
         (q, scale), _, _, residual_out = fused(

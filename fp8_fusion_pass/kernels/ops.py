@@ -13,8 +13,8 @@ Outputs (``x [..., K]``, ``g = group_size``):
   blockscale_mm(q [M,K], x_scale [M,K/g], w_q [N,K], w_scale [N/128,K/128], out_dtype) -> y [M, N]
   blockscale_mm_grouped(q, x_scale, [w_q_i [N_i,K]], [w_scale_i], out_dtype)          -> y [M, sum N_i]
   per_tensor_mm(q [M,K], x_scale [1], w_q [N,K], w_scale [1], out_dtype)              -> y [M, N]
-  rms_norm_group_quant(x, w, eps, g, prefetch?)      -> (q, scale)     (prefetch: the next GEMM's weight, an L2 hint)
-  add_rms_norm_group_quant(x, residual, w, eps, g, prefetch?) -> (q, scale, residual_out)
+  rms_norm_group_quant(x, w, eps, g)                 -> (q, scale)
+  add_rms_norm_group_quant(x, residual, w, eps, g)   -> (q, scale, residual_out)
   silu_mul_group_quant(x [..., 2I], g)               -> (q [..., I], scale [..., I/g])
   blockscale_mm_silu_mul_group_quant(q [M,K], x_scale, [w_q [2I,K]] or [w_gate, w_up], [w_scale_i], out_dtype, g)
                                                      -> (q [M, I], scale [M, I/g])
@@ -178,17 +178,14 @@ def _(q, x_scale, w_q, w_scale, out_dtype):
 
 
 @custom_op(f"{NS}::rms_norm_group_quant", mutates_args=())
-def rms_norm_group_quant(x: Tensor, w: Tensor, eps: float, group_size: int = DEFAULT_GROUP_SIZE,
-                         prefetch: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``prefetch``: the next GEMM's weight, whose first bytes the launch may hint into L2 (the ``l2_prefetch``
-    rewrite; a hint: the outputs are the same with or without it, and backends without it ignore it)."""
+def rms_norm_group_quant(x: Tensor, w: Tensor, eps: float, group_size: int = DEFAULT_GROUP_SIZE) -> tuple[Tensor, Tensor]:
     _check_norm("rms_norm_group_quant", x, w)
     _check_quant("rms_norm_group_quant", x, group_size)
-    return _kernel("rms_norm_group_quant", x)(x, w, eps, group_size, prefetch=prefetch)
+    return _kernel("rms_norm_group_quant", x)(x, w, eps, group_size)
 
 
 @rms_norm_group_quant.register_fake
-def _(x, w, eps, group_size=DEFAULT_GROUP_SIZE, prefetch=None):
+def _(x, w, eps, group_size=DEFAULT_GROUP_SIZE):
     _check_norm("rms_norm_group_quant", x, w)
     _check_quant("rms_norm_group_quant", x, group_size)
     return _quant_outputs(x, group_size)
@@ -196,19 +193,16 @@ def _(x, w, eps, group_size=DEFAULT_GROUP_SIZE, prefetch=None):
 
 @custom_op(f"{NS}::add_rms_norm_group_quant", mutates_args=())
 def add_rms_norm_group_quant(
-    x: Tensor, residual: Tensor, w: Tensor, eps: float, group_size: int = DEFAULT_GROUP_SIZE,
-    prefetch: Tensor | None = None,
+    x: Tensor, residual: Tensor, w: Tensor, eps: float, group_size: int = DEFAULT_GROUP_SIZE
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``prefetch``: as ``rms_norm_group_quant``'s."""
     _check_norm("add_rms_norm_group_quant", x, w, residual)
     _check_quant("add_rms_norm_group_quant", x, group_size)
-    q, scale, residual_out = _kernel("add_rms_norm_group_quant", x)(x, residual, w, eps, group_size,
-                                                                    prefetch=prefetch)  # fmt: skip
+    q, scale, residual_out = _kernel("add_rms_norm_group_quant", x)(x, residual, w, eps, group_size)
     return q, scale, residual_out.contiguous()
 
 
 @add_rms_norm_group_quant.register_fake
-def _(x, residual, w, eps, group_size=DEFAULT_GROUP_SIZE, prefetch=None):
+def _(x, residual, w, eps, group_size=DEFAULT_GROUP_SIZE):
     _check_norm("add_rms_norm_group_quant", x, w, residual)
     _check_quant("add_rms_norm_group_quant", x, group_size)
     return (*_quant_outputs(x, group_size), _like(x))

@@ -22,11 +22,11 @@ def group_quant(x, group_size):
     return ref.group_quant(x, group_size, *_fp8(x))
 
 
-def rms_norm_group_quant(x, w, eps, group_size, prefetch=None):  # prefetch: an L2 hint, nothing to do here
+def rms_norm_group_quant(x, w, eps, group_size):
     return ref.rms_norm_group_quant(x, w, eps, group_size, *_fp8(x))
 
 
-def add_rms_norm_group_quant(x, residual, w, eps, group_size, prefetch=None):
+def add_rms_norm_group_quant(x, residual, w, eps, group_size):
     return ref.add_rms_norm_group_quant(x, residual, w, eps, group_size, *_fp8(x))
 
 

@@ -5,8 +5,7 @@ Order matters: duplicate quants collapse first (so q/k/v share one quant before 
 "exactly one quant"), the residual-add norm fusion is tried before the plain one (the plain pattern is a subset
 of it: it would match the same norm with the add's sum as its input), the attention rewrites fold the o_proj's
 input quant into their launch before ``quant_gemm`` may move it into the GEMV (measured faster: the fold adds
-~0.5 us to the attention, the quantizing GEMV ~0.9 us to the GEMV), ``l2_prefetch`` looks for the GEMM after each
-norm once every GEMM rewrite has made its op, and zero fills go last.
+~0.5 us to the attention, the quantizing GEMV ~0.9 us to the GEMV), and zero fills go last.
 """
 
 from __future__ import annotations
@@ -59,8 +58,6 @@ FUSIONS: tuple[Fusion, ...] = (
     # group_quant -> blockscale_mm (no producer took the quant in, the attention's launch neither), M <= 4
     #   ->  group_quant_blockscale_mm
     Fusion("quant_gemm", "quant_gemm", "quant_gemm", "group_quant_blockscale_mm", False, "graph"),
-    # (add_)rms_norm_group_quant -> GEMM of a 16 MB+ weight, one row  ->  the norm's launch hints the weight into L2
-    Fusion("l2_prefetch", "l2_prefetch", "l2_prefetch", None, True, "graph"),
     # full(0) scale buffer -> op that overwrites it  ->  empty -> same op
     Fusion("zero_fill", "zero_fill", "zero_fill", None, True, "zero_fill"),
 )

@@ -287,11 +287,6 @@ def _device(index: int):
     return torch.cuda.get_device_properties(index)
 
 
-def sm_count(device: torch.device) -> int:
-    """The CUDA device's SMs."""
-    return _device(device.index if device.index is not None else 0).multi_processor_count
-
-
 # launch key -> persistent programs per SM that fit, from the first launch's compiled kernel (registers, shared
 # memory): the programs of a persistent grid must all be resident, else the last ones run as a second wave.
 _RESIDENT: dict[tuple, int] = {}
@@ -327,7 +322,7 @@ def programs(tile: Tile, m: int, device: torch.device, key: tuple = ()) -> int:
     if tile.per_sm <= 0 or device.type != "cuda" or arch.triton_interpreting():
         return blocks
     per_sm = min(tile.per_sm, _RESIDENT.get(key, FIRST_GUESS_PER_SM))
-    return min(blocks, per_sm * sm_count(device))
+    return min(blocks, per_sm * _device(device.index if device.index is not None else 0).multi_processor_count)
 
 
 def row_tile(m: int, k: int, g: int, residual: bool = False) -> Tile:

@@ -31,7 +31,6 @@ import triton.language as tl
 from ... import arch
 from . import _tiles
 from ._fp8 import group_quant_tile, kernel_constexprs, round_to, to_fp32
-from ._l2_prefetch import prefetch_bytes, prefetch_share
 from ._pdl import pdl_kwargs, wait_then_launch
 
 COLUMN_BLOCK = 128  # G of the unquantized norms: the same tiles as the fused norm at group size 128
@@ -152,17 +151,11 @@ def _rms_norm_kernel(
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast (_fp8.kernel_constexprs)
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait_then_launch before any load or store
-    pf_ptr, pf_bytes,  # L2_PROGRAMS: the first pf_bytes of the next GEMM's weight, hinted into L2 (_l2_prefetch.py)
-    L2_PROGRAMS: tl.constexpr,  # programs after the norm's that only prefetch (their norm blocks are empty)
-    L2_LANES: tl.constexpr,  # the program's threads: one bulk prefetch each
 ):
     wait_then_launch(PDL)
     DTYPE = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0) - L2_PROGRAMS  # the norm's programs; the grid-stride below leaves the rest idle
-    if L2_PROGRAMS > 0:
-        if pid >= nprog:
-            prefetch_share(pf_ptr, pf_bytes, pid - nprog, L2_PROGRAMS, L2_LANES)
+    nprog = tl.num_programs(0)
     NG = tl.cdiv(K, G)
     eps = tl.cast(eps, tl.float32)
     rr = tl.arange(0, BLOCK_M)
@@ -179,10 +172,7 @@ def _rms_norm_kernel(
             if TAIL > 0:
                 xt, rt = _load_inputs(x_ptr, r_ptr, rows, stride_x, stride_r, cols_t,
                                       _mask(rows < M, cols_t, K, EVEN_K), HAS_RESIDUAL)
-        first = pid
-        if L2_PROGRAMS > 0:  # a prefetching program takes no block (persistent grids have more blocks than programs)
-            first = tl.where(pid < nprog, pid, tl.cdiv(M, BLOCK_M))
-        for blk in range(first, tl.cdiv(M, BLOCK_M), nprog):
+        for blk in range(pid, tl.cdiv(M, BLOCK_M), nprog):
             rows = blk * BLOCK_M + rr
             row_ok = rows < M
             mask = _mask(row_ok, cols, K, EVEN_K)
@@ -242,11 +232,6 @@ def _rms_norm_kernel(
 
 # fmt: on
 
-# The first bytes of the next GEMM's weight the norm's launch hints into L2 (``prefetch``): measured on the H200 at
-# batch 1 (benchmarks/l2_prefetch.py, norm + qkv / gate_up GEMV): 4 and 8 MB saved 0.9-1.1 us at Qwen3-32B's gate_up
-# and 0.5-0.9 us at Qwen3-8B's, 16 MB and more less (the GEMV's first loads wait behind the hints).
-L2_PREFETCH_BYTES = 8_000_000
-
 
 def launch(
     x: torch.Tensor,
@@ -255,14 +240,10 @@ def launch(
     residual: torch.Tensor | None,
     group_size: int | None,
     tile: _tiles.Tile | None = None,
-    prefetch: torch.Tensor | None = None,
-    prefetch_nbytes: int = L2_PREFETCH_BYTES,
 ):
     """Run the norm family. ``group_size=None``: unquantized. Returns ``(y or (q, scale), residual_out or None)``.
 
-    ``tile`` overrides ``_tiles.row_tile`` (tests and ``benchmarks/kernels.py --sweep``). ``prefetch``: the next
-    GEMM's weight, its first ``prefetch_nbytes`` hinted into L2 by one extra program per SM (``_l2_prefetch.py``;
-    sm_90+, else ignored)."""
+    ``tile`` overrides ``_tiles.row_tile`` (tests and ``benchmarks/kernels.py --sweep``)."""
     x2 = _tiles.rows_of(x)
     m, k = x2.shape
     r2 = _tiles.rows_of(residual) if residual is not None else x2
@@ -279,12 +260,8 @@ def launch(
         even = k == covered if tile.one_pass else k % covered == 0
         pdl = pdl_kwargs(dev)
         key = (tile, residual is not None, quant, x.dtype, g, even, pdl["PDL"])  # one compiled variant of the kernel
-        pf_bytes = prefetch_bytes(prefetch, prefetch_nbytes)
-        l2_programs = _tiles.sm_count(dev) if pf_bytes else 0
-        compiled = _rms_norm_kernel[(_tiles.programs(tile, m, dev, key) + l2_programs,)](
+        compiled = _rms_norm_kernel[(_tiles.programs(tile, m, dev, key),)](
             x2, r2, w, y, res_out, q, scale, m, k, x2.stride(0), r2.stride(0), eps,
-            pf_ptr=prefetch if pf_bytes else x2, pf_bytes=pf_bytes,
-            L2_PROGRAMS=l2_programs, L2_LANES=32 * tile.num_warps,
             G=g, TAIL=tile.tail, ONE_PASS=tile.one_pass, EVEN_K=even, PREFETCH=tile.prefetch and tile.one_pass,
             HAS_RESIDUAL=residual is not None, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs(), **pdl,
         )  # fmt: skip

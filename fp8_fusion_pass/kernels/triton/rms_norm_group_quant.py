@@ -11,19 +11,15 @@ import torch
 from .rms_norm import launch
 
 
-def rms_norm_group_quant(x: torch.Tensor, w: torch.Tensor, eps: float, group_size: int = 128,
-                         prefetch: torch.Tensor | None = None):
-    """Returns ``(q [..., K] fp8, scale [..., K/group_size] fp32)``, both contiguous. ``prefetch``: the next GEMM's
-    weight, its first bytes hinted into L2 by the same launch (``rms_norm.launch``)."""
-    (q, scale), _ = launch(x, w, eps, None, group_size, prefetch=prefetch)
+def rms_norm_group_quant(x: torch.Tensor, w: torch.Tensor, eps: float, group_size: int = 128):
+    """Returns ``(q [..., K] fp8, scale [..., K/group_size] fp32)``, both contiguous."""
+    (q, scale), _ = launch(x, w, eps, None, group_size)
     return q, scale
 
 
 def add_rms_norm_group_quant(
-    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, group_size: int = 128,
-    prefetch: torch.Tensor | None = None,
+    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, group_size: int = 128
 ):
-    """Returns ``(q, scale, residual_out)`` with ``residual_out = residual + x`` rounded to x.dtype. ``prefetch``:
-    ``rms_norm.launch``'s."""
-    (q, scale), residual_out = launch(x, w, eps, residual, group_size, prefetch=prefetch)
+    """Returns ``(q, scale, residual_out)`` with ``residual_out = residual + x`` rounded to x.dtype."""
+    (q, scale), residual_out = launch(x, w, eps, residual, group_size)
     return q, scale, residual_out
