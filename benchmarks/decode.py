@@ -482,7 +482,7 @@ def main(argv=None) -> int:
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}; Inductor options "
         f"{INDUCTOR_OPTIONS or 'default'}")
     rows: list[dict] = []
-    held: list = []
+    held: list = []  # --interleave: the captured cells of the current preset and form (timed, then cleared)
     # An HF cell costs 50-90 s of layer recompiles on the H200, so a run may outlast its device call: under
     # `timeout`, SIGTERM ends it with the table (and the accuracy columns) of every cell that finished.
     previous = signal.signal(signal.SIGTERM, _stop)
@@ -492,7 +492,7 @@ def main(argv=None) -> int:
             for form in args.forms.split(","):
                 reference_logits: dict = {}
                 eager_logits: dict = {}
-                held: list = []  # --interleave: the captured cells of this preset and form
+                held.clear()  # (interleave() has cleared it after the last preset / form; a no-op then)
                 for label in variants:
                     if label == "bf16" and args.interleave:  # after the held models are timed and freed
                         interleave(held, rows, args.interleave, args.steps)
