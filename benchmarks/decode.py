@@ -423,8 +423,21 @@ def interleave(held: list, rows: list[dict], rounds: int, steps: int) -> None:
     held.clear()  # the graphs, runners and models go
 
 
-class Stopped(Exception):
-    """SIGTERM (``timeout N python decode.py ...``): stop, and print the table of the cells that finished."""
+class Stopped(BaseException):
+    """SIGTERM (``timeout N python decode.py ...``): stop, and print the table of the cells that finished. A
+    BaseException, as KeyboardInterrupt is: a SIGTERM during a compile must not become Inductor's InductorError (it
+    wraps every Exception), which ended a run on the H200 without its table."""
+
+
+def _stopped(e: BaseException) -> bool:
+    """``e`` is Stopped, or was raised while handling one (something that wraps even BaseExceptions)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Stopped):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _stop(signum, frame):
@@ -500,7 +513,9 @@ def main(argv=None) -> int:
                     run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits, held)
                 interleave(held, rows, args.interleave, args.steps)
                 torch._dynamo.reset()
-    except Stopped:
+    except BaseException as e:
+        if not _stopped(e):
+            raise
         log(f"stopped (SIGTERM) after {len(rows)} cells: the table has those")
         if held:  # cells captured for --interleave but not yet timed: one round each, so the table has them
             interleave(held, rows, 1, args.steps)

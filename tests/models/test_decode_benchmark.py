@@ -121,6 +121,37 @@ def test_sigterm_prints_the_cells_that_finished(monkeypatch, capsys):
     assert signal.getsignal(signal.SIGTERM) is not decode._stop  # the handler is put back
 
 
+@pytest.mark.parametrize("wraps", [Exception, BaseException])
+def test_sigterm_inside_a_compile_that_wraps_errors_still_prints_the_table(wraps, monkeypatch, capsys):
+    # on the H200 a SIGTERM arrived while Inductor compiled, which wraps any Exception in its InductorError: the run
+    # ended with a traceback and no table. Stopped is a BaseException now, and one wrapped anyway is recognised.
+    import os
+    import signal
+    import time
+
+    import decode
+    import torch
+
+    def sigterm_inside_a_compile(preset, form, label, args, bw, rows, reference_logits, eager_logits, held):
+        rows.append(dict(preset=preset, form=form, variant=label, batch=1, ms=2.0 if "pass" in label else 3.0,
+                         roofline_ms=1.0, err="", err_eager=""))
+        if "pass" in label:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here
+            except wraps as e:  # what a compile does with an error inside it
+                raise RuntimeError("InductorError: wrapped") from e
+
+    monkeypatch.setattr(decode, "run_variant", sigterm_inside_a_compile)
+    monkeypatch.setattr(decode, "copy_bandwidth", lambda dry_run: 1e12)
+    with torch.enable_grad():
+        assert decode.main(["--dry-run", "--presets", "qwen3-tiny", "--forms", "engine", "--no-bf16", "--prefill",
+                            "0"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert re.search(r"^qwen3-tiny\s+engine\s+pass\s+1\s+3\S*\s+2\S*\s+1\.500x", out.out, re.M), out.out
+    assert "stopped (SIGTERM) after 2 cells" in out.err
+
+
 def test_interleave_times_every_variant_in_each_round(tmp_path):
     # --interleave 3: both compiles of a cell captured first (no dynamo reset between them, so the first one's
     # kernels stay loaded), then timed in three alternating rounds; the table has their medians and a line gives
