@@ -391,6 +391,7 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
     if args.prefill:
         log(f"{preset} {form} {label}: prefill {args.prefill}")
         prefill_ms = bench_prefill(model, form, config, args.prefill, max(3, args.steps // 5), args.compile)
+        log(f"{preset} {form} {label} prefill {args.prefill}: {prefill_ms:.3f} ms")  # in the log if the table is lost
     rows.append(dict(preset=preset, form=form, variant=label, batch=f"prefill {args.prefill}", ms=prefill_ms,
                      roofline_ms=None, err="", err_eager="", fused=fused))
     del model
