@@ -187,7 +187,7 @@ class _Run:
             if fusion.stage == "graph":
                 stages.append((fusion.name, functools.partial(self._whole_graph_rewrite, fusion.name)))
             elif fusion.stage == "matched":
-                if ("fusions", self._fuse) not in stages:
+                if not any(name == "fusions" for name, _ in stages):
                     stages += [("fusions", self._fuse), ("why-not scan", self._explain)]
             else:
                 stages.append((fusion.name, {"dedup": self._dedup, "zero_fill": self._zero_fill}[fusion.stage]))

@@ -19,12 +19,14 @@ Runs last but for ``zero_fill``, on the quants left: after ``decode_attention`` 
 quantizes its own output where the heads are whole quant groups. That fold won end to end on the H200 (2026-12-03,
 ``benchmarks/decode.py --also=-quant_gemm``, batch 1: Llama-3.1-8B 2.821 -> 2.807 ms, Qwen3-8B 3.006 -> 2.981 ms):
 ~0.5 us in the attention against ~0.9 us in the GEMV. So at decode this rewrite takes what the attention cannot:
-heads narrower than a group, or an attention the pass does not own (the HF form's SDPA). Guards: the switch and deterministic mode; the quant's q and
-scale feed only ``blockscale_mm`` as its (q, x_scale), directly (``consumer_not_blockscale_mm``: no reshape
-between, as ``BlockFP8Linear`` writes it, so the input is [M, K]); a bf16 input; groups of 128 and the fused op on
-the GEMM's backend (``no_fused_kernel``: not aiter); a static M of at most 4 rows (``m_above_gemv``) with a
-measured win at that M and shape (``unfused_pair_faster``). A symbolic M is fused: the op picks per call. A quant
-feeding several GEMMs gives each its own fused op (each GEMV re-reads the few-KB activation anyway).
+heads narrower than a group, or an attention the pass does not own (the HF form's SDPA).
+
+Guards: the switch and deterministic mode; the quant's q and scale feed only ``blockscale_mm`` as its (q, x_scale),
+directly (``consumer_not_blockscale_mm``: no reshape between, as ``BlockFP8Linear`` writes it, so the input is
+[M, K]); a bf16 input; groups of 128 and the fused op on the GEMM's backend (``no_fused_kernel``: not aiter); a
+static M of at most 4 rows (``m_above_gemv``) with a measured win at that M and shape (``unfused_pair_faster``). A
+symbolic M is fused: the op picks per call. A quant feeding several GEMMs gives each its own fused op (each GEMV
+re-reads the few-KB activation anyway).
 """
 
 from __future__ import annotations
