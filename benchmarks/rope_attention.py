@@ -5,9 +5,11 @@
 At 8B heads (32 query, 8 kv, head_dim 128), a ``--max-seq``-slot cache with ``--context`` slots in use, for Llama
 (RoPE alone) and Qwen3 (q / k norms first), with and without the o_proj's quant: "pair" is the RoPE kernel that
 writes the caches (``qk_rope_cache`` / ``rms_norm_rope_cache``) then ``decode_attention_upto`` (``_quant``), "fused"
-is ``rope_decode_attention``, what the ``rope_attention`` rewrite swaps in. One call per CUDA-graph replay (each
-replay writes the same slots with the same values), medians of ``decode.time_replays``; each fused output is checked
-against the pair's (the caches' bits, the output's relative L2).
+is ``rope_decode_attention``, what the ``rope_attention`` rewrite swaps in, and "stored" the same op with its
+earlier way of reaching the new key (stored, a barrier, read back by the key loop: ``decode_attention.NEW_KEY_APART``
+off). One call per CUDA-graph replay (each replay writes the same slots with the same values), medians of
+``decode.time_replays``; each fused output is checked against the pair's (the caches' bits, the output's relative
+L2). ``--heads`` / ``--models`` pick the heads and models (default 8B heads, both models).
 
 ``--sweep`` times the fused op alone at every ``AttentionConfig`` of ``attention_decode.SWEEP`` (20 calls per CUDA
 graph, so the graph launch is not counted), per batch, at ``--heads`` (Qwen3-32B: ``64,8``, 8 query rows per kv
@@ -68,6 +70,17 @@ def fused(args, group: int):
     return ops.rope_decode_attention(*args, args[8].view(-1), args[0].shape[-1] ** -0.5, group)
 
 
+def stored(args, group: int):
+    """``fused`` with the new key stored, a barrier, and read back by the key loop (the kernel before APART)."""
+    from fp8_fusion_pass.kernels.triton import decode_attention as kernel
+
+    was, kernel.NEW_KEY_APART = kernel.NEW_KEY_APART, False
+    try:
+        return fused(args, group)
+    finally:
+        kernel.NEW_KEY_APART = was
+
+
 def sweep(batches, models, heads, max_seq: int, context: int) -> None:
     """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first."""
     from attention_decode import SWEEP
@@ -104,21 +117,29 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
     p.add_argument("--sweep", action="store_true", help="time the fused op at every attention_decode.SWEEP config")
-    p.add_argument("--heads", default="32,8", help="--sweep: query heads, kv heads (Qwen3-32B: 64,8)")
-    p.add_argument("--models", default="llama,qwen3", help="--sweep: llama (RoPE alone), qwen3 (q / k norms too)")
+    p.add_argument("--heads", default="32,8", help="query heads, kv heads (Qwen3-32B: 64,8)")
+    p.add_argument("--models", default="llama,qwen3", help="llama (RoPE alone), qwen3 (q / k norms too)")
+    p.add_argument("--stored", action="store_true", help="--sweep: the kernel with NEW_KEY_APART off")
     a = p.parse_args(argv)
     torch.set_grad_enabled(False)
+    heads = tuple(int(h) for h in a.heads.split(","))
     if a.sweep:
-        heads = tuple(int(h) for h in a.heads.split(","))
-        sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context)
+        from fp8_fusion_pass.kernels.triton import decode_attention as kernel
+
+        was, kernel.NEW_KEY_APART = kernel.NEW_KEY_APART, not a.stored
+        try:
+            sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context)
+        finally:
+            kernel.NEW_KEY_APART = was
         return 0
     rows = []
     for batch in (int(b) for b in a.batches.split(",")):
-        for model, norm in (("llama", False), ("qwen3", True)):
+        for model in a.models.split(","):
+            norm = model == "qwen3"
             for group in (0, 128):
                 times, outs = {}, {}
-                for name, fn in (("pair", pair), ("fused", fused)):
-                    args = inputs(batch, norm, a.max_seq, a.context)
+                for name, fn in (("pair", pair), ("fused", fused), ("stored", stored)):
+                    args = inputs(batch, norm, a.max_seq, a.context, *heads)
                     outs[name] = (*fn(args, group), args[9], args[10])  # eager first: the merge counters
                     graph, _ = capture(lambda *x, fn=fn, group=group: fn(x, group), args)
                     times[name] = time_replays(graph, 200) * 1e3
@@ -127,13 +148,14 @@ def main(argv=None) -> int:
                 deq = (lambda o, s: o.float() * s) if group else (lambda o, s: o.float())
                 err = ((deq(o_f, s_f) - deq(o_p, s_p)).norm() / deq(o_p, s_p).norm()).item()
                 same = torch.equal(kc_f, kc_p) and torch.equal(vc_f, vc_p)
-                rows.append([batch, model, "quant" if group else "-", f"{times['pair']:.1f}", f"{times['fused']:.1f}",
-                             f"{times['pair'] / times['fused']:.3f}x", same, f"{err:.1e}"])  # fmt: skip
+                rows.append([batch, model, "quant" if group else "-", f"{times['pair']:.2f}",
+                             f"{times['fused']:.2f}", f"{times['stored']:.2f}", f"{times['pair'] / times['fused']:.3f}x",
+                             same, f"{err:.1e}"])  # fmt: skip
                 log(" ".join(map(str, rows[-1])))
     from tabulate import tabulate
 
-    print(tabulate(rows, headers=["batch", "model", "o_proj quant", "pair us", "fused us", "pair / fused",
-                                  "caches equal", "out rel err"]))  # fmt: skip
+    print(tabulate(rows, headers=["batch", "model", "o_proj quant", "pair us", "fused us", "stored us",
+                                  "pair / fused", "caches equal", "out rel err"]))  # fmt: skip
     return 0
 
 
