@@ -39,6 +39,7 @@ sees no key gives NaN, as softmax over nothing does.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +78,7 @@ def config_for(pairs: int) -> AttentionConfig:
 
 
 MAX_SPLITS = 16  # the merge unrolls over the splits
-NEW_KEY_APART = True  # probe: see the kernel's APART
+OWNER_ONLY = os.environ.get("FP8_FUSION_ATTN_OWNER_ONLY", "1") == "1"  # probe
 
 
 @triton.jit
@@ -116,20 +117,6 @@ def _roped(x, x_p, w, w_p, c, s, neg, eps, AXIS: tl.constexpr, D: tl.constexpr, 
 
 
 @triton.jit
-def _attend(q, k, v, keep, m_i, l_i, acc, scale, EMULATE_CAST: tl.constexpr):
-    """One key tile into the online softmax: k is [BLOCK_D, BLOCK_T] (k^T), ``keep`` masks the scores."""
-    s = tl.where(keep, tl.dot(q, _mma_operand(k, EMULATE_CAST)) * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every exp below is 0
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    p_mma = _mma_operand(round_to(p, v.dtype, EMULATE_CAST), EMULATE_CAST)
-    acc = acc * alpha[:, None] + tl.dot(p_mma, _mma_operand(v, EMULATE_CAST))
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _store(o, o_ptrs, out_mask, s_ptrs, row_ok, q_ptr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
            EMULATE_CAST: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr, FP8_MAX: tl.constexpr,
            FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr):
@@ -164,7 +151,7 @@ def _decode_attention_kernel(
     G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
     ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
     NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)
-    APART: tl.constexpr,  # ROPE: the new key from registers after the loop, the first tile loaded before the RoPE
+    OWNER_ONLY: tl.constexpr,  # probe
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -182,83 +169,58 @@ def _decode_attention_kernel(
     lo = split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, T)
     if ROPE:  # D == BLOCK_D (the op checks it): column j's RoPE partner is j + D/2 mod D
-        # Loads first, the arithmetic after the key tile's loads (APART): every load of the prologue is in flight
-        # before the first wait.
+        dtype = q_ptr.dtype.element_ty
         partner = (cols + D // 2) % D
-        c_raw = tl.load(cos_ptr + b * sc_b + cols * sc_d)
-        s_raw = tl.load(sin_ptr + b * ss_b + cols * ss_d)
-        q_p_raw = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
-        k_row = kn_ptr + b * skn_b + h * skn_h
-        k_raw = tl.load(k_row + cols * skn_d)
-        k_p_raw = tl.load(k_row + partner * skn_d)
-        v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + cols * svn_d)
+        neg = cols < D // 2
+        c = to_fp32(tl.load(cos_ptr + b * sc_b + cols * sc_d), EMULATE_CAST)
+        s_ = to_fp32(tl.load(sin_ptr + b * ss_b + cols * ss_d), EMULATE_CAST)
+        wq, wq_p, wk, wk_p = c, c, c, c  # unused without NORM
         if NORM:
-            wq_raw = tl.load(wq_ptr + cols)
-            wq_p_raw = tl.load(wq_ptr + partner)
-            wk_raw = tl.load(wk_ptr + cols)
-            wk_p_raw = tl.load(wk_ptr + partner)
+            wq = to_fp32(tl.load(wq_ptr + cols), EMULATE_CAST)
+            wq_p = to_fp32(tl.load(wq_ptr + partner), EMULATE_CAST)
+            wk = to_fp32(tl.load(wk_ptr + cols), EMULATE_CAST)
+            wk_p = to_fp32(tl.load(wk_ptr + partner), EMULATE_CAST)
+        q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
+                   s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+        k_row = kn_ptr + b * skn_b + h * skn_h
+        v_row = vn_ptr + b * svn_b + h * svn_h
         # The new token's slot (negative counts from the end, as indexing does; outside [-T, T) nothing is written).
-        # Only the program whose split holds it stores k / v there (no other program of this (batch row, kv head)
-        # reads that slot).
+        # The program whose split holds it stores k / v there and reads them back in its key loop: no other program
+        # of this (batch row, kv head) reads that slot, so no load can race the store.
         slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
         slot = tl.where(slot < 0, slot + T, slot)
         mine = (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
         write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
+        if NEW_FROM_REGISTERS:
+            k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
+                           to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
+                           NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+            v_new = tl.load(v_row + cols * svn_d)
+        else:
+            # Only the owner RoPEs (and norms) the new k: the other splits' key loops start without waiting for it.
+            if mine or not OWNER_ONLY:
+                k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
+                               to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0,
+                               D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+                tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
+                tl.store(v_base + slot * svt + cols * svd, tl.load(v_row + cols * svn_d), mask=write)
+            # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot
+            # back (a select of the registers inside the loop, the first version, measured slower: the module
+            # docstring). Off NVIDIA, where no barrier lowering promises that for global memory, the select it is,
+            # and the stores come after the loop (not measured).
+            tl.debug_barrier()
         new_at = tl.where(mine, slot, -1)
+    q = _mma_operand(q, EMULATE_CAST)
     if UPTO:
         last_b = tl.load(keep_ptr + b * smb)
         hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    first = lo
-    if APART:
-        # The new slot's k / v never come from the cache in this launch: the key loop skips the slot (its old
-        # contents are not even loaded: they may be anything) and the new key is added from registers after it.
-        # So nothing waits for the RoPE: the first key tile is loaded here, before the prologue's arithmetic, and
-        # the cache stores need no barrier.
-        t0 = lo + tl.arange(0, BLOCK_T)
-        t0_ok = (t0 < hi) & (t0 != new_at)
-        k0 = tl.load(k_base + t0[None, :] * skt + cols[:, None] * skd, mask=col_ok[:, None] & t0_ok[None, :],
-                     other=0.0)  # fmt: skip
-        v0 = tl.load(v_base + t0[:, None] * svt + cols[None, :] * svd, mask=t0_ok[:, None] & col_ok[None, :],
-                     other=0.0)  # fmt: skip
-        first = lo + BLOCK_T
-    if ROPE:
-        dtype = q_ptr.dtype.element_ty
-        neg = cols < D // 2
-        c = to_fp32(c_raw, EMULATE_CAST)
-        s_ = to_fp32(s_raw, EMULATE_CAST)
-        wq, wq_p, wk, wk_p = c, c, c, c  # unused without NORM
-        if NORM:
-            wq = to_fp32(wq_raw, EMULATE_CAST)
-            wq_p = to_fp32(wq_p_raw, EMULATE_CAST)
-            wk = to_fp32(wk_raw, EMULATE_CAST)
-            wk_p = to_fp32(wk_p_raw, EMULATE_CAST)
-        q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p_raw, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
-                   s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
-        k_new = _roped(to_fp32(k_raw, EMULATE_CAST), to_fp32(k_p_raw, EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
-                       NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
-        if APART:
-            tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
-            tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
-        elif not NEW_FROM_REGISTERS:
-            tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
-            tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
-            # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot
-            # back (a select of the registers inside the loop, the first version, measured slower: the module
-            # docstring). Off NVIDIA, where no barrier lowering promises that for global memory, the select it is,
-            # and the stores come after the loop (not measured).
-            tl.debug_barrier()
-    q_f = to_fp32(q, EMULATE_CAST)
-    q = _mma_operand(q, EMULATE_CAST)
-    if APART:
-        m_i, l_i, acc = _attend(q, k0, v0, t0_ok[None, :], m_i, l_i, acc, scale, EMULATE_CAST)
-    for start in range(first, hi, BLOCK_T):
+    for start in range(lo, hi, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         t_ok = t < hi
-        if APART:
-            t_ok = t_ok & (t != new_at)
         if UPTO:
             keep = t_ok[None, :]  # hi is at most last + 1
         else:
@@ -268,22 +230,19 @@ def _decode_attention_kernel(
                     other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
         v = tl.load(v_base + t[:, None] * svt + cols[None, :] * svd, mask=t_ok[:, None] & col_ok[None, :],
                     other=0.0)  # fmt: skip
-        if ROPE and NEW_FROM_REGISTERS and not APART:
+        if NEW_FROM_REGISTERS:
             k = tl.where((t == new_at)[None, :], k_new[:, None], k)
             v = tl.where((t == new_at)[:, None], v_new[None, :], v)
-        m_i, l_i, acc = _attend(q, k, v, keep, m_i, l_i, acc, scale, EMULATE_CAST)
-    if APART:  # the new key, last: its score as an fp32 sum of exact products, p rounded as the MMA's p is
-        s_n = tl.sum(q_f * to_fp32(k_new, EMULATE_CAST)[None, :], 1) * scale
-        s_n = tl.where(mine & (slot < hi), s_n, float("-inf"))
-        m_new = tl.maximum(m_i, s_n)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = tl.where(keep, tl.dot(q, _mma_operand(k, EMULATE_CAST)) * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every exp below is 0
         alpha = tl.exp(m_i - m_safe)
-        p_n = tl.exp(s_n - m_safe)
-        l_i = l_i * alpha + p_n
-        p_n = to_fp32(round_to(p_n, v_new.dtype, EMULATE_CAST), EMULATE_CAST)
-        acc = acc * alpha[:, None] + p_n[:, None] * to_fp32(v_new, EMULATE_CAST)[None, :]
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p_mma = _mma_operand(round_to(p, v.dtype, EMULATE_CAST), EMULATE_CAST)
+        acc = acc * alpha[:, None] + tl.dot(p_mma, _mma_operand(v, EMULATE_CAST))
         m_i = m_new
-    if ROPE and NEW_FROM_REGISTERS and not APART:  # the loop took the new k / v from registers: the cache gets them now
+    if ROPE and NEW_FROM_REGISTERS:  # the loop took the new k / v from registers: the cache gets them now
         tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
         tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
     out_mask = row_ok[:, None] & col_ok[None, :]
@@ -421,8 +380,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
-        NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs),
-        APART=rope is not None and NEW_KEY_APART,
+        NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), OWNER_ONLY=OWNER_ONLY,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
