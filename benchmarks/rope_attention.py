@@ -5,10 +5,10 @@
 At 8B heads (32 query, 8 kv, head_dim 128), a ``--max-seq``-slot cache with ``--context`` slots in use, for Llama
 (RoPE alone) and Qwen3 (q / k norms first), with and without the o_proj's quant: "pair" is the RoPE kernel that
 writes the caches (``qk_rope_cache`` / ``rms_norm_rope_cache``) then ``decode_attention_upto`` (``_quant``), "fused"
-is ``rope_decode_attention``, what the ``rope_attention`` rewrite swaps in, and "all k" the same op with every split
-RoPEing the new k (``decode_attention.OWNER_ONLY`` off), not only the split that stores it. One call per CUDA-graph replay (each replay writes the same slots with the same values), medians of
-``decode.time_replays``; each fused output is checked against the pair's (the caches' bits, the output's relative
-L2). ``--heads`` / ``--models`` pick the heads and models (default 8B heads, both models).
+is ``rope_decode_attention``, what the ``rope_attention`` rewrite swaps in. One call per CUDA-graph replay (each
+replay writes the same slots with the same values), medians of ``decode.time_replays``; each fused output is checked
+against the pair's (the caches' bits, the output's relative L2). ``--heads`` / ``--models`` pick the heads and
+the models here too (default 8B heads, both models).
 
 ``--sweep`` times the fused op alone at every ``AttentionConfig`` of ``attention_decode.SWEEP`` (20 calls per CUDA
 graph, so the graph launch is not counted), per batch, at ``--heads`` (Qwen3-32B: ``64,8``, 8 query rows per kv
@@ -69,17 +69,6 @@ def fused(args, group: int):
     return ops.rope_decode_attention(*args, args[8].view(-1), args[0].shape[-1] ** -0.5, group)
 
 
-def all_k(args, group: int):
-    """``fused`` with every split RoPEing the new k (the kernel before ``OWNER_ONLY``)."""
-    from fp8_fusion_pass.kernels.triton import decode_attention as kernel
-
-    was, kernel.OWNER_ONLY = kernel.OWNER_ONLY, False
-    try:
-        return fused(args, group)
-    finally:
-        kernel.OWNER_ONLY = was
-
-
 def sweep(batches, models, heads, max_seq: int, context: int) -> None:
     """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first."""
     from attention_decode import SWEEP
@@ -130,7 +119,7 @@ def main(argv=None) -> int:
             norm = model == "qwen3"
             for group in (0, 128):
                 times, outs = {}, {}
-                for name, fn in (("pair", pair), ("fused", fused), ("all_k", all_k)):
+                for name, fn in (("pair", pair), ("fused", fused)):
                     args = inputs(batch, norm, a.max_seq, a.context, *heads)
                     outs[name] = (*fn(args, group), args[9], args[10])  # eager first: the merge counters
                     graph, _ = capture(lambda *x, fn=fn, group=group: fn(x, group), args)
@@ -140,14 +129,13 @@ def main(argv=None) -> int:
                 deq = (lambda o, s: o.float() * s) if group else (lambda o, s: o.float())
                 err = ((deq(o_f, s_f) - deq(o_p, s_p)).norm() / deq(o_p, s_p).norm()).item()
                 same = torch.equal(kc_f, kc_p) and torch.equal(vc_f, vc_p)
-                rows.append([batch, model, "quant" if group else "-", f"{times['pair']:.2f}",
-                             f"{times['fused']:.2f}", f"{times['all_k']:.2f}", f"{times['pair'] / times['fused']:.3f}x",
-                             same, f"{err:.1e}"])  # fmt: skip
+                rows.append([batch, model, "quant" if group else "-", f"{times['pair']:.1f}", f"{times['fused']:.1f}",
+                             f"{times['pair'] / times['fused']:.3f}x", same, f"{err:.1e}"])  # fmt: skip
                 log(" ".join(map(str, rows[-1])))
     from tabulate import tabulate
 
-    print(tabulate(rows, headers=["batch", "model", "o_proj quant", "pair us", "fused us", "all k us",
-                                  "pair / fused", "caches equal", "out rel err"]))  # fmt: skip
+    print(tabulate(rows, headers=["batch", "model", "o_proj quant", "pair us", "fused us", "pair / fused",
+                                  "caches equal", "out rel err"]))  # fmt: skip
     return 0
 
 

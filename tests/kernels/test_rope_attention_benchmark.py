@@ -35,6 +35,23 @@ def test_table_compares_the_pair_and_the_fused_op(on_cpu, capsys):
     assert all(float(r[-1]) < 1e-2 for r in rows), rows
 
 
+def test_table_takes_the_heads_and_models_asked_for(on_cpu, capsys, monkeypatch):
+    # Qwen3-32B's 8 query rows per kv head, scaled down: 16 query heads on 2 kv heads, the qwen3 rows alone
+    seen, real = [], rope_attention.inputs
+
+    def inputs(*a):
+        out = real(*a)
+        seen.append((out[0].shape[2], out[9].shape[1]))  # (query heads, kv heads) of the inputs made
+        return out
+
+    monkeypatch.setattr(rope_attention, "inputs", inputs)
+    args = ["--batches", "1", "--heads", "16,2", "--models", "qwen3", "--max-seq", "24", "--context", "20"]
+    assert rope_attention.main(args) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
+    assert [r[1] for r in rows] == ["qwen3", "qwen3"] and all(r[-2] == "True" for r in rows), rows
+    assert set(seen) == {(16, 2)}
+
+
 def test_sweep_times_each_config(on_cpu, capsys):
     args = ["--sweep", "--heads", "8,2", "--batches", "1", "--models", "qwen3", "--max-seq", "24", "--context", "20"]
     assert rope_attention.main(args) == 0

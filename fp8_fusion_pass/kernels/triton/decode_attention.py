@@ -39,7 +39,6 @@ sees no key gives NaN, as softmax over nothing does.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +77,6 @@ def config_for(pairs: int) -> AttentionConfig:
 
 
 MAX_SPLITS = 16  # the merge unrolls over the splits
-OWNER_ONLY = os.environ.get("FP8_FUSION_ATTN_OWNER_ONLY", "1") == "1"  # probe
 
 
 @triton.jit
@@ -151,7 +149,6 @@ def _decode_attention_kernel(
     G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
     ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
     NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)
-    OWNER_ONLY: tl.constexpr,  # probe
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -184,7 +181,10 @@ def _decode_attention_kernel(
         q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
                    s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
         k_row = kn_ptr + b * skn_b + h * skn_h
-        v_row = vn_ptr + b * svn_b + h * svn_h
+        k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
+                       to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D, NORM,
+                       dtype, EMULATE_CAST, PTX)  # fmt: skip
+        v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + cols * svn_d)
         # The new token's slot (negative counts from the end, as indexing does; outside [-T, T) nothing is written).
         # The program whose split holds it stores k / v there and reads them back in its key loop: no other program
         # of this (batch row, kv head) reads that slot, so no load can race the store.
@@ -192,19 +192,9 @@ def _decode_attention_kernel(
         slot = tl.where(slot < 0, slot + T, slot)
         mine = (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
         write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
-        if NEW_FROM_REGISTERS:
-            k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
-                           to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
-                           NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
-            v_new = tl.load(v_row + cols * svn_d)
-        else:
-            # Only the owner RoPEs (and norms) the new k: the other splits' key loops start without waiting for it.
-            if mine or not OWNER_ONLY:
-                k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
-                               to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0,
-                               D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
-                tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
-                tl.store(v_base + slot * svt + cols * svd, tl.load(v_row + cols * svn_d), mask=write)
+        if not NEW_FROM_REGISTERS:
+            tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
+            tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
             # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot
             # back (a select of the registers inside the loop, the first version, measured slower: the module
             # docstring). Off NVIDIA, where no barrier lowering promises that for global memory, the select it is,
@@ -380,7 +370,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
-        NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), OWNER_ONLY=OWNER_ONLY,
+        NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
