@@ -35,7 +35,7 @@ import triton.language as tl
 from ... import arch
 from ._blockscale_kernels import SCALE_BLOCK
 from ._fp8 import group_quant_tile, kernel_constexprs, round_to, to_fp32
-from ._gemv_kernels import GemvConfig, _chunk_dot
+from ._gemv_kernels import GemvConfig, _chunk_dot, _weight_chunk
 
 
 LINES = 32  # the flag and the count, each spread over this many 128-byte lines (program p uses line p % LINES)
@@ -141,26 +141,6 @@ def _norm_row(x_ptr, r_ptr, wn_ptr, res_ptr, q_ptr, s_ptr, eps, MAIN: tl.constex
 
 
 @triton.jit
-def _slab(b_ptr, bs_ptr, rn, stride_bn, stride_bsn, stride_bsk, start: tl.constexpr, WIDTH: tl.constexpr,
-          SCALE_BLOCK: tl.constexpr):  # fmt: skip
-    """Weight rows ``rn``, columns ``[start, start + WIDTH)``, as stored (fp8), and their scales [ROWS, WIDTH / 128]."""
-    cols = start + tl.arange(0, WIDTH)
-    w = tl.load(b_ptr + rn[:, None] * stride_bn + cols[None, :])
-    kb = start // SCALE_BLOCK + tl.arange(0, WIDTH // SCALE_BLOCK)
-    ws = tl.load(bs_ptr + (rn // SCALE_BLOCK)[:, None] * stride_bsn + kb[None, :] * stride_bsk)
-    return w, ws
-
-
-@triton.jit
-def _slab_dot(w, ws, q_ptr, s_ptr, start: tl.constexpr, WIDTH: tl.constexpr, ROWS: tl.constexpr,
-              SCALE_BLOCK: tl.constexpr):  # fmt: skip
-    """``[ROWS]``: the slab times q's columns ``[start, start + WIDTH)``, each 128-block's sum promoted by its scales."""
-    x = tl.load(q_ptr + start + tl.arange(0, WIDTH)).to(tl.float32)
-    xs = tl.load(s_ptr + start // SCALE_BLOCK + tl.arange(0, WIDTH // SCALE_BLOCK))
-    return _chunk_dot(w.to(tl.float32), ws, x, xs, ROWS, WIDTH, SCALE_BLOCK)
-
-
-@triton.jit
 def _norm_gemv_kernel(
     x_ptr, r_ptr, wn_ptr,  # the row [K] before the norm, the residual [K], the norm weight [K] (x.dtype)
     res_ptr, q_ptr, s_ptr,  # made here: residual_out [K], q [K] fp8, scales [K / 128] fp32
@@ -168,42 +148,57 @@ def _norm_gemv_kernel(
     sync_ptr,  # int32 [WORDS]: LINES flags then LINES counts, 32 words apart; 0 between launches
     N, stride_bn, stride_bsn, stride_bsk, eps,
     K: tl.constexpr, MAIN: tl.constexpr,  # MAIN: K's largest power-of-two part (the rest must be one too)
-    ROWS: tl.constexpr, SCALE_BLOCK: tl.constexpr, LINES: tl.constexpr, RESET: tl.constexpr,
+    ROWS: tl.constexpr, K_CHUNK: tl.constexpr, SCALE_BLOCK: tl.constexpr, LINES: tl.constexpr, RESET: tl.constexpr,
+    MODE: tl.constexpr,  # probe: 0 the kernel; 1 no norm (the flag set at once); 2 no wait either
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    rn = pid * ROWS + tl.arange(0, ROWS)
+    rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rn_ok = rn < N
     rn = tl.minimum(rn, N - 1).to(tl.int64)
-    # the program's whole weight slab, as fp8: in flight while the norm is made (widened only after the wait)
-    w_m, ws_m = _slab(b_ptr, bs_ptr, rn, stride_bn, stride_bsn, stride_bsk, 0, MAIN, SCALE_BLOCK)
-    if K > MAIN:
-        w_t, ws_t = _slab(b_ptr, bs_ptr, rn, stride_bn, stride_bsn, stride_bsk, MAIN, K - MAIN, SCALE_BLOCK)
+    # the first weight chunk: in flight while the norm is made (loaded as fp8, widened only after the wait)
+    offs_k = tl.arange(0, K_CHUNK)
+    w0 = tl.load(b_ptr + rn[:, None] * stride_bn + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
+    kb0 = tl.arange(0, K_CHUNK // SCALE_BLOCK)
+    ws0 = tl.load(bs_ptr + (rn // SCALE_BLOCK)[:, None] * stride_bsn + kb0[None, :] * stride_bsk,
+                  mask=(kb0 < K // SCALE_BLOCK)[None, :], other=0.0)  # fmt: skip
+    pid = tl.program_id(0)
     line = (pid % LINES) * 32
-    if pid == 0:
-        _norm_row(x_ptr, r_ptr, wn_ptr, res_ptr, q_ptr, s_ptr, tl.cast(eps, tl.float32), MAIN, K - MAIN,
-                  SCALE_BLOCK, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
-        tl.debug_barrier()  # every thread's stores before the release
-        tl.atomic_xchg(sync_ptr + tl.arange(0, LINES) * 32, tl.full([LINES], 1, tl.int32), sem="release", scope="gpu")
-    else:
-        _wait_and_arrive(sync_ptr + line, sync_ptr + LINES * 32 + line, PTX)
-    acc = _slab_dot(w_m, ws_m, q_ptr, s_ptr, 0, MAIN, ROWS, SCALE_BLOCK)
-    if K > MAIN:
-        acc += _slab_dot(w_t, ws_t, q_ptr, s_ptr, MAIN, K - MAIN, ROWS, SCALE_BLOCK)
-    tl.store(c_ptr + rn, round_to(acc, c_ptr.dtype.element_ty, EMULATE_CAST), mask=rn_ok)
-    if PTX:
+    if MODE < 2:
         if pid == 0:
-            _reset_after_all(sync_ptr, sync_ptr + LINES * 32, tl.num_programs(0) - 1, RESET)
-    elif pid == tl.num_programs(0) - 1:  # the interpreter: every other program has run
-        tl.store(sync_ptr + tl.arange(0, LINES) * 32, tl.zeros([LINES], tl.int32))
+            if MODE == 0:
+                _norm_row(x_ptr, r_ptr, wn_ptr, res_ptr, q_ptr, s_ptr, tl.cast(eps, tl.float32), MAIN, K - MAIN,
+                          SCALE_BLOCK, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
+            tl.debug_barrier()  # every thread's stores before the release
+            tl.atomic_xchg(sync_ptr + tl.arange(0, LINES) * 32, tl.full([LINES], 1, tl.int32), sem="release",
+                           scope="gpu")  # fmt: skip
+        else:
+            _wait_and_arrive(sync_ptr + line, sync_ptr + LINES * 32 + line, PTX)
+    # chunk 0 from the loads issued before the wait, then the GEMV's own loop (no branch in it: it pipelines)
+    x = tl.load(q_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    kb = tl.arange(0, K_CHUNK // SCALE_BLOCK)
+    xs = tl.load(s_ptr + kb, mask=kb < K // SCALE_BLOCK, other=0.0)
+    acc = _chunk_dot(w0.to(tl.float32), ws0, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)
+    for k0 in range(K_CHUNK, K, K_CHUNK):
+        w, ws = _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)
+        kb = k0 // SCALE_BLOCK + tl.arange(0, K_CHUNK // SCALE_BLOCK)
+        x = tl.load(q_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
+        xs = tl.load(s_ptr + kb, mask=kb < K // SCALE_BLOCK, other=0.0)
+        acc += _chunk_dot(w, ws, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)
+    tl.store(c_ptr + rn, round_to(acc, c_ptr.dtype.element_ty, EMULATE_CAST), mask=rn_ok)
+    if MODE < 2:
+        if PTX:
+            if pid == 0:
+                _reset_after_all(sync_ptr, sync_ptr + LINES * 32, tl.num_programs(0) - 1, RESET)
+        elif pid == tl.num_programs(0) - 1:  # the interpreter: every other program has run
+            tl.store(sync_ptr + tl.arange(0, LINES) * 32, tl.zeros([LINES], tl.int32))
 
 
 _sync: dict[torch.device, torch.Tensor] = {}
 
 
 def sync_words(device: torch.device) -> torch.Tensor:
-    """The device's zeroed sync words; allocated by the first (eager) call, outside any CUDA graph."""
+    """The device's two zeroed int32 words; allocated by the first (eager) call, outside any CUDA graph."""
     buf = _sync.get(device)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -213,7 +208,7 @@ def sync_words(device: torch.device) -> torch.Tensor:
 
 
 def add_rms_norm_quant_gemv(x, residual, w_norm, eps: float, w_q, w_scale, out_dtype,
-                            config: GemvConfig | None = None, maxnreg: int | None = None):  # fmt: skip
+                            config: GemvConfig | None = None, maxnreg: int | None = None, mode: int = 0):  # fmt: skip
     """``(out [1, N], q [1, K], scale [1, K / 128], residual_out [1, K])``: one row, groups of 128. ``maxnreg``
     caps the registers per thread (the norm's path needs more than the GEMV's; capped, it spills instead of
     taking programs off each SM)."""
@@ -231,7 +226,7 @@ def add_rms_norm_quant_gemv(x, residual, w_norm, eps: float, w_q, w_scale, out_d
     out = torch.empty((1, n), dtype=out_dtype, device=dev)
     _norm_gemv_kernel[(triton.cdiv(n, config.rows),)](
         x, residual, w_norm, res, q, s, w_q, w_scale, out, sync_words(dev), n, w_q.stride(0), *w_scale.stride(),
-        float(eps), K=k, MAIN=main, ROWS=config.rows, SCALE_BLOCK=SCALE_BLOCK, LINES=LINES, RESET=RESET_ASM, **kernel_constexprs(dev),
+        float(eps), K=k, MAIN=main, ROWS=config.rows, K_CHUNK=config.k_chunk, SCALE_BLOCK=SCALE_BLOCK, LINES=LINES, RESET=RESET_ASM, MODE=mode, **kernel_constexprs(dev),
         num_warps=config.warps, num_stages=config.stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out, q, s, res
