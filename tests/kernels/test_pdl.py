@@ -51,16 +51,6 @@ def test_off_without_the_switch(compiled_gpu, monkeypatch, value):
         assert not _pdl.pdl_enabled("cuda:0")
 
 
-def test_small_is_on_for_all_but_the_gemms(compiled_gpu, monkeypatch):
-    monkeypatch.setenv(_pdl.ENV, "small")
-    with arch.simulate_arch("sm90"):
-        assert _pdl.pdl_enabled("cuda:0") and _pdl.pdl_kwargs("cuda:0")["PDL"]
-        assert not _pdl.pdl_enabled("cuda:0", gemm=True) and _pdl.pdl_kwargs("cuda:0", gemm=True) == {"PDL": False}
-    monkeypatch.setenv(_pdl.ENV, "1")
-    with arch.simulate_arch("sm90"):
-        assert _pdl.pdl_enabled("cuda:0", gemm=True)
-
-
 def test_off_under_the_interpreter(compiled_gpu, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with arch.simulate_arch("sm90"):
@@ -97,7 +87,7 @@ class Spy:
 
 @pytest.fixture
 def pdl_on(monkeypatch):
-    monkeypatch.setattr(_pdl, "pdl_enabled", lambda device, gemm=False: True)
+    monkeypatch.setattr(_pdl, "pdl_enabled", lambda device: True)
 
 
 @pytest.mark.parametrize("reduce, launches", [("last", 1), ("kernel", 2)])
@@ -119,17 +109,6 @@ def test_small_m_launch_passes_pdl_and_prefetch(pdl_on, monkeypatch, reduce, lau
         smk.small_m_mm(q, xs, w_odd, w_s, torch.bfloat16, SmallMConfig(64, 1))
         odd = spies["_small_m_kernel"].launches[-1]
         assert (odd["PDL"], odd["PREFETCH"], odd["launch_pdl"]) == (True, False, True), (width, start)
-
-
-def test_small_leaves_the_gemm_launches_alone(monkeypatch):
-    # FP8_FUSION_PDL=small as pdl_enabled answers it on an sm90 GPU: on for everything but the GEMMs
-    monkeypatch.setattr(_pdl, "pdl_enabled", lambda device, gemm=False: not gemm)
-    spy = Spy()
-    monkeypatch.setattr(smk, "_small_m_kernel", spy)
-    q, xs, w_q, w_s = make_inputs(1, 128, 512)
-    smk.small_m_mm(q, xs, w_q, w_s, torch.bfloat16, SmallMConfig(64, 1))
-    assert (spy.launches[-1]["PDL"], spy.launches[-1]["PREFETCH"]) == (False, False)
-    assert "launch_pdl" not in spy.launches[-1]
 
 
 def test_small_m_prefetch_switch(pdl_on, monkeypatch):

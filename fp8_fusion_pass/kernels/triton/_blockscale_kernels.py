@@ -177,6 +177,6 @@ def tiled_mm(q, x_scale, w_q, w_scale, out_dtype, config: TiledConfig | None = N
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
         EVEN_K=k % block_k == 0,
-        num_warps=cfg.warps, num_stages=cfg.stages, **pdl_kwargs(q.device, gemm=True),
+        num_warps=cfg.warps, num_stages=cfg.stages, **pdl_kwargs(q.device),
     )  # fmt: skip
     return out

@@ -21,9 +21,7 @@ with ``launch_pdl`` works and gave correct results): triggering *before* the wai
 kernel became resident early and spun in its wait (a cascade), so the trigger comes after the wait.
 
 Switch: ``FP8_FUSION_PDL=1`` in the environment, read at each launch (so a benchmark can compare both in one
-process); PDL also needs a CUDA device of capability >= 9 and no ``TRITON_INTERPRET``. ``FP8_FUSION_PDL=small``: only
-the launches that are not GEMMs (the norms, silu-mul, group quant), whose launch is what PDL hides; the GEMMs (small-M,
-its split-K sum, tiled) launch as without PDL.
+process); PDL also needs a CUDA device of capability >= 9 and no ``TRITON_INTERPRET``.
 ``FP8_FUSION_PDL_PREFETCH=0`` keeps PDL but drops the GEMM's L2 prefetch (``benchmarks/pdl.py`` times the two
 apart). Off by default: on the H200 it saved ~1.3 us on M=1 norm_quant -> GEMM chains and cost as much elsewhere
 (``_small_m_kernels.py`` note 10); on whole decode steps (``benchmarks/decode.py`` with ``FP8_FUSION_PDL=1``,
@@ -49,13 +47,9 @@ ENV = "FP8_FUSION_PDL"
 PREFETCH_ENV = "FP8_FUSION_PDL_PREFETCH"
 
 
-def pdl_enabled(device: torch.device | str, gemm: bool = False) -> bool:
-    """True when ``FP8_FUSION_PDL=1`` (``=small``: for the launches that are not GEMMs, ``gemm=False``), ``device``
-    is CUDA with capability >= 9, and Triton is not interpreting."""
-    switch = os.environ.get(ENV, "0")
-    if switch != "1" and (switch != "small" or gemm):
-        return False
-    if _arch.triton_interpreting() or torch.device(device).type != "cuda":
+def pdl_enabled(device: torch.device | str) -> bool:
+    """True when ``FP8_FUSION_PDL=1``, ``device`` is CUDA with capability >= 9, and Triton is not interpreting."""
+    if os.environ.get(ENV, "0") != "1" or _arch.triton_interpreting() or torch.device(device).type != "cuda":
         return False
     return _arch.arch_of(device).pdl
 
@@ -70,9 +64,9 @@ def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
-def pdl_kwargs(device: torch.device | str, gemm: bool = False) -> dict:
+def pdl_kwargs(device: torch.device | str) -> dict:
     """``PDL`` constexpr plus the launch option, for a kernel whose only PDL code is ``wait_then_launch``."""
-    pdl = pdl_enabled(device, gemm)
+    pdl = pdl_enabled(device)
     return {"PDL": pdl, **launch_kwargs(pdl)}
 
 

@@ -543,7 +543,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
     slots = [(w, s, w.shape[0], w.stride(0), *s.stride()) for w, s in groups]
     slots += [(slots[0][0], slots[0][1], 0, *slots[0][3:])] * (MAX_GROUPS - len(slots))
     a_desc, b_desc = _descriptors(a, groups, cfg, block_m, block_k, quant_a)
-    pdl = _pdl.pdl_enabled(a.device, gemm=True)
+    pdl = _pdl.pdl_enabled(a.device)
     # cp.async.bulk.prefetch wants 16-byte aligned addresses: every row start and K slab of every weight.
     prefetch = pdl and _pdl.prefetch_enabled() and all(w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0
                                                        for w, _ in groups)  # fmt: skip

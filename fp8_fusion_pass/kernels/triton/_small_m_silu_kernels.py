@@ -293,7 +293,7 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
         return None
     partials = torch.empty((split, m, 2 * i), dtype=torch.float32, device=dev) if split > 1 else s_out
     values = torch.empty((m, i), dtype=torch.float32, device=dev) if group_tiles > 1 else s_out
-    pdl = _pdl.pdl_enabled(dev, gemm=True)
+    pdl = _pdl.pdl_enabled(dev)
     descs = _descriptors(q, w_gate, w_up, config, block_m, block_k)
     _small_m_silu_quant_kernel[grid](
         q, w_gate, w_up, q_out, s_out, partials, values, s_out if counters is None else counters, x_scale, s_gate, s_up,
