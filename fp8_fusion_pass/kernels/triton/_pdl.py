@@ -27,7 +27,9 @@ apart). Off by default: on the H200 it saved ~1.3 us on M=1 norm_quant -> GEMM c
 (``_small_m_kernels.py`` note 10); on whole decode steps (``benchmarks/decode.py`` with ``FP8_FUSION_PDL=1``,
 engine form, all layers) Qwen3-8B / Llama-3.1-8B with the pass ran 3.383 / 3.140 ms at batch 1 against 3.401 /
 3.148 without PDL in the run before, and 5.794 / 5.275 against 5.859 / 5.368 at batch 64: under 2%, about the
-spread between runs. With the switch off every kernel compiles
+spread between runs. Measured in interleaved rounds within one run, Qwen3-32B at batch 1 was 1.2% slower with it
+(docs/benchmarks.md, "The o_proj quant at batch 1"), and 1.1% slower with PDL on the launches that are not GEMMs
+alone ("PDL for the launches that are not GEMMs"). With the switch off every kernel compiles
 to the same code as before (the ``PDL`` branches are pruned at compile time: identical sm_90 PTX, checked) and
 launches without the attribute.
 """
