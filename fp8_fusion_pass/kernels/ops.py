@@ -528,9 +528,3 @@ def dynamic_per_tensor_quant(out: Tensor, x: Tensor, scale: Tensor) -> None:
 @dynamic_per_tensor_quant.register_fake
 def _(out, x, scale):
     _check_per_tensor("dynamic_per_tensor_quant", out, x, scale)
-
-
-UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm")
-FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
-         "blockscale_mm_silu_mul_group_quant", "rms_norm_rope", "rms_norm_rope_cache", "qk_rope", "qk_rope_cache")
-MUTATING = ("dynamic_per_tensor_quant", "rms_norm_rope_cache", "qk_rope_cache", "rope_decode_attention")
