@@ -135,10 +135,6 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def rocm_arch_names() -> tuple[str, ...]:
-    return tuple(_ROCM_ARCHS)
-
-
 @contextlib.contextmanager
 def simulate_arch(name: str) -> Iterator[Arch]:
     """Pretend the device is ``name`` ("gfx942", "gfx950", "sm90", "cpu") in this thread. Tests only."""
