@@ -528,3 +528,14 @@ def dynamic_per_tensor_quant(out: Tensor, x: Tensor, scale: Tensor) -> None:
 @dynamic_per_tensor_quant.register_fake
 def _(out, x, scale):
     _check_per_tensor("dynamic_per_tensor_quant", out, x, scale)
+
+
+# The vocabulary split by role; every op registered above is in exactly one (tests/kernels/test_ops.py). FUSED is
+# what the pass swaps in: the tensor-parallel audit (models/tp_graph.py) checks none of them reads a collective's
+# input.
+UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscale_mm", "per_tensor_mm",
+           "dynamic_per_tensor_quant")  # fmt: skip
+FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
+         "blockscale_mm_silu_mul_group_quant", "group_quant_blockscale_mm", "rms_norm_rope", "rms_norm_rope_cache",
+         "qk_rope", "qk_rope_cache", "decode_attention", "decode_attention_upto", "decode_attention_upto_quant",
+         "rope_decode_attention")  # fmt: skip
