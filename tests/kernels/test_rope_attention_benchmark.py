@@ -52,6 +52,12 @@ def test_table_takes_the_heads_and_models_asked_for(on_cpu, capsys, monkeypatch)
     assert set(seen) == {(16, 2)}
 
 
+@pytest.mark.parametrize("args", [["--models", "qwen"], ["--heads", "64"]])
+def test_unknown_models_and_bad_heads_are_refused(on_cpu, args):
+    with pytest.raises(SystemExit):
+        rope_attention.main(["--batches", "1", *args])
+
+
 def test_sweep_times_each_config(on_cpu, capsys):
     args = ["--sweep", "--heads", "8,2", "--batches", "1", "--models", "qwen3", "--max-seq", "24", "--context", "20"]
     assert rope_attention.main(args) == 0
