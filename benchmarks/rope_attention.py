@@ -109,9 +109,9 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="llama,qwen3", help="llama (RoPE alone), qwen3 (q / k norms too)")
     a = p.parse_args(argv)
     torch.set_grad_enabled(False)
-    heads = tuple(int(h) for h in a.heads.split(","))
+    heads = tuple(int(h) for h in a.heads.split(",") if h.isdigit())
     unknown = set(a.models.split(",")) - {"llama", "qwen3"}
-    if unknown or len(heads) != 2:
+    if unknown or len(heads) != 2 or len(a.heads.split(",")) != 2:
         p.error(f"--models takes llama / qwen3 (got {sorted(unknown)}), --heads two numbers (got {a.heads!r})")
     if a.sweep:
         sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context)

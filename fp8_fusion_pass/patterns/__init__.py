@@ -26,6 +26,12 @@ class Fusion:
     # table, in this order.
     stage: str
 
+    def __post_init__(self):  # a misspelt stage would otherwise fail every compile, in fusion_pass.stages()
+        if self.stage not in STAGES:
+            raise ValueError(f"Fusion {self.name!r}: stage {self.stage!r} is not one of {STAGES}")
+
+
+STAGES = ("dedup", "matched", "graph", "zero_fill")
 
 FUSIONS: tuple[Fusion, ...] = (
     # group_quant(reshape(x)) x N, same x / shape / group  ->  one group_quant(reshape(x)), its outputs shared

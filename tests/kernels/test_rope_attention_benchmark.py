@@ -52,7 +52,7 @@ def test_table_takes_the_heads_and_models_asked_for(on_cpu, capsys, monkeypatch)
     assert set(seen) == {(16, 2)}
 
 
-@pytest.mark.parametrize("args", [["--models", "qwen"], ["--heads", "64"]])
+@pytest.mark.parametrize("args", [["--models", "qwen"], ["--heads", "64"], ["--heads", "64,x"]])
 def test_unknown_models_and_bad_heads_are_refused(on_cpu, args):
     with pytest.raises(SystemExit):
         rope_attention.main(["--batches", "1", *args])

@@ -150,6 +150,13 @@ def test_the_stages_run_in_the_order_of_the_fusions_table(op_graph, monkeypatch)
     assert _stage_names(op_graph.graph)[:4] == ["dedup_quant", "fusions", "why-not scan", "quant_gemm"]
 
 
+def test_a_fusion_row_with_an_unknown_stage_is_refused_where_it_is_written():
+    from fp8_fusion_pass.patterns import Fusion
+
+    with pytest.raises(ValueError, match="stage 'grpah'"):
+        Fusion("x", "x", "x", None, False, "grpah")
+
+
 def test_inject_failure_rejects_unknown_stages():
     with pytest.raises(ValueError):
         with fusion_pass.inject_failure("match", "norm_quant"):
