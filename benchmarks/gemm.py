@@ -191,7 +191,7 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
 
 
 def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
-              gemv_sweep=()) -> tuple[dict, str]:
+              gemv_sweep=(), targets=sweep.PROGRAM_TARGETS) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -203,9 +203,11 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     if m <= 256:
         cand[("small_m", small_default)] = measure(shape, q, xs, want, "small_m", small_default)
     small: dict = {}
+    committed = bm.TABLE.get((a.name, bm.m_bucket(m), n, k))  # the TABLE's row, re-timed in this run
     if m <= bm.SMALL_M_MAX:
         last_default = dataclasses.replace(small_default, reduce="last")
-        for cfg in [last_default, *sweep.candidates(n, k, m, families)]:
+        mine = [committed.config] if committed is not None and committed.path == "small_m" else []
+        for cfg in dict.fromkeys([last_default, *mine, *sweep.candidates(n, k, m, families, targets=targets)]):
             small[cfg] = cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
     for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
         cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
@@ -230,6 +232,9 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
         "cublas_over_best": cub / best if isinstance(cub, float) else None,
         "ideas": sweep.idea_ratios({c: v for c, v in small.items() if isinstance(v, float)}),
     }  # fmt: skip
+    if committed is not None:
+        row["table_config"] = f"{committed.path} {committed.config!r}"
+        row["table_us"] = cand.get((committed.path, committed.config))
     if sm_cfg is not None:
         row.update(small_m_extras(shape, x, q, xs, want, sm_cfg))
     note = f"{best:.1f} us = {best / roof:.2f}x roofline; cuBLAS {_fmt(cub)}, bf16 {bf16:.1f} us"
@@ -237,14 +242,14 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
-def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=()):
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), targets=sweep.PROGRAM_TARGETS):
     rows, table_rows = [], []
     floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, targets)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -273,8 +278,14 @@ def _ratio(a, b):
 def print_report(rows, table_rows) -> None:
     cols = ["shape", "M", "roofline_us", "bf16_us", "cublas_us", "tiled_us", "small_m_default_us", "small_m_best_us",
             "gemv_best_us", "best_path", "read_floor_us", "best_over_roofline", "best_over_read_floor",
-            "cublas_over_best"]  # fmt: skip
-    print(tabulate([[r[c] for c in cols] for r in rows], headers=cols, floatfmt=".2f"))
+            "cublas_over_best", "table_us"]  # fmt: skip
+    print(tabulate([[r.get(c) for c in cols] for r in rows], headers=cols, floatfmt=".2f"))
+    timed_table = [r for r in rows if isinstance(r.get("table_us"), float)]
+    if timed_table:
+        print("\nThe committed TABLE row, re-timed in this run, against this run's best:")
+        print(tabulate([[r["shape"], r["M"], r["table_config"], r["table_us"], r["best_us"], r["best_us"] / r["table_us"]]
+                        for r in timed_table], headers=["shape", "M", "TABLE row", "TABLE us", "best us", "best/TABLE"],
+                       floatfmt=".3f"))  # fmt: skip
     small = [r for r in rows if r["M"] <= bm.SMALL_M_MAX]
     if small:
         worst = max(small, key=lambda r: r["best_over_roofline"])
@@ -331,6 +342,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated substrings of shape names to run (e.g. qwen3-32b)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--small-only", action="store_true", help="no tiled sweep (M <= 64 runs)")
+    p.add_argument("--families", choices=("all", "light"), default="all",
+                   help="small-M families to sweep: all (the TABLE's), or light (_gemm_sweep.LIGHT_FAMILIES)")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -345,17 +358,21 @@ def main(argv=None) -> int:
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     families, tiled_sweep = (sweep.QUICK_FAMILIES, SWEEP_TILED[:2]) if args.quick else (sweep.FAMILIES, SWEEP_TILED)
+    targets = sweep.PROGRAM_TARGETS
+    if args.families == "light":
+        families, targets = sweep.LIGHT_FAMILIES, sweep.LIGHT_TARGETS
     gemv_sweep = SWEEP_GEMV
     if args.small_only:  # the small-M paths only: M <= 64, no tiled sweep
         tiled_sweep = []
     if args.dry_run:
-        shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
+        shapes, ms, tiled_sweep = [("tiny", 128, 512)], [1, 65], SWEEP_TILED[:1]
+        families = sweep.DRY_FAMILIES if args.families == "all" else sweep.LIGHT_FAMILIES[-3:]
         gemv_sweep = [GemvConfig(4, 256)]
     bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     t0 = time.time()
-    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, targets)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     if args.json:

@@ -58,6 +58,22 @@ def test_sweep_candidates(n, k, m):
     assert families == {f for f in sweep.FAMILIES if m <= FMA_MAX_M or not f[4]}
 
 
+@pytest.mark.parametrize("n, k", [(6144, 4096), (51200, 5120), (1024, 5120)])
+def test_light_sweep_candidates(n, k):
+    import _gemm_sweep as sweep
+
+    cands = sweep.candidates(n, k, 16, sweep.LIGHT_FAMILIES, targets=sweep.LIGHT_TARGETS)
+    assert len(cands) == len(set(cands)) > 0
+    assert {c.sum_loads for c in cands} == {1, 4} and min(c.warps for c in cands) == 1
+    for c in cands:
+        assert split_plan(k // 128, c.split_k, c.k_unroll)[0] == c.split_k
+    families = {(c.block_n, c.warps, c.stages, c.k_unroll, c.fma, c.tma, c.sum_loads) for c in cands}
+    assert families == set(sweep.LIGHT_FAMILIES)
+    # more programs than the TABLE's sweep aims at, where K has the tiles to split
+    if n * k // 128 // 16 >= 1584:
+        assert max(-(-n // c.block_n) * c.split_k for c in cands) > max(sweep.PROGRAM_TARGETS)
+
+
 def test_idea_ratios():
     import _gemm_sweep as sweep
 
