@@ -1,4 +1,4 @@
-"""``benchmarks/kernels.py --sweep``: time tile candidates of our Triton kernels, print the winners for ``_tiles.py``.
+"""``benchmarks/fused_kernels.py --sweep``: time tile candidates of our Triton kernels, print the winners for ``_tiles.py``.
 
 For each (op, K, M) the kernel runs with the tile its launcher picks (``default``) and with every candidate of
 ``candidates``; per (op, K, M bucket) the tile with the smallest summed time relative to the best at each M of the
@@ -139,7 +139,7 @@ def print_table(rows: list[dict], header: str) -> None:
 
 
 def run(make_case, ops, sizes_of, sizes_filter, ms, bw: float, dry: bool, budget_s: float) -> list[dict]:
-    """``make_case(op, k, m, w)`` builds a benchmarks/kernels.py Case. Stops starting new points past budget_s."""
+    """``make_case(op, k, m, w)`` builds a benchmarks/fused_kernels.py Case. Stops starting new points past budget_s."""
     rows, t0 = [], time.time()
     for op in ops:
         for k in sizes_of(op):

@@ -1,6 +1,6 @@
 """The benchmarks' PNG: one panel per (op, M), time over the roofline per implementation, the read floor dotted.
 
-Shared by ``kernels.py`` (x: the hidden / intermediate size) and ``rope_kernels.py`` (x: the per-GPU head counts).
+Shared by ``fused_kernels.py`` (x: the hidden / intermediate size) and ``rope_kernels.py`` (x: the per-GPU head counts).
 matplotlib is optional: without it there is no PNG, and the script says so.
 """
 

@@ -1,5 +1,5 @@
 """What one launch costs in the benchmarks' CUDA-graph harness, and how fast a kernel that only *reads* N bytes
-can be: the floor under every small-M GEMM and decode-sized kernel in ``gemm.py`` / ``kernels.py``.
+can be: the floor under every small-M GEMM and decode-sized kernel in ``gemm.py`` / ``fused_kernels.py``.
 
     python benchmarks/launch_floor.py [--json floor.json]
     python benchmarks/launch_floor.py --dry-run      # CPU, Triton interpreter: checks the script

@@ -5,7 +5,7 @@
     python benchmarks/rope_kernels.py --dry-run         # CPU + Triton interpreter, tiny shapes: checks the script only
     python benchmarks/rope_kernels.py --replot DIR/rope_kernels.csv --out DIR   # only the PNG, from a CSV
 
-The same questions as ``kernels.py`` asks of the norm / silu + quant kernels (issue 7 items 1-2), for the four ops
+The same questions as ``fused_kernels.py`` asks of the norm / silu + quant kernels (issue 7 items 1-2), for the four ops
 of ``kernels/triton/rms_norm_rope.py``:
   rms_norm_rope         Qwen3's per-head q / k RMSNorms then RoPE (``norm_rope``)
   rms_norm_rope_cache   the same, k and v written into their static-cache slots (``rope_cache``)
@@ -21,7 +21,7 @@ S = M: a row is a head of a token either way), the caches hold 8192 positions. C
             rewrites). One compile per (op, heads), S unbacked, largest M first
   roofline  q / k (/ v) read once, cos / sin and the norm weights read once, the outputs written once, over the
             copy bandwidth of this run; read floor: a plain read of those bytes (``_read_floor.py``)
-Timing as ``kernels.py`` (``_timing.time_graph``): one CUDA graph, inputs rotating beyond 3x the L2, medians.
+Timing as ``fused_kernels.py`` (``_timing.time_graph``): one CUDA graph, inputs rotating beyond 3x the L2, medians.
 Each fused result is first checked against the reference within the RoPE contract of the GPU tests (at most 1% of
 the outputs differ, each by at most 4 bf16 steps of its RoPE products; written v slots bit for bit), so no wrong
 kernel is timed. Writes ``rope_kernels.csv`` and ``rope_kernels.png`` (matplotlib, if

@@ -122,7 +122,7 @@ def test_launch_floor_reads_every_word(words, programs):
 
 
 def test_read_floor_times_each_size_once():
-    # kernels.py / gemm.py ask for the floor of every point's bytes: equal word counts share one measurement.
+    # fused_kernels.py / gemm.py ask for the floor of every point's bytes: equal word counts share one measurement.
     import _read_floor
 
     floor = _read_floor.ReadFloor("cpu", dry_run=True, launches=((1, 256),))

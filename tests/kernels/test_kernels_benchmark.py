@@ -1,4 +1,4 @@
-"""``benchmarks/kernels.py``: the ``--dry-run`` (CPU, Triton interpreter, tiny shapes) runs end to end in both modes,
+"""``benchmarks/fused_kernels.py``: the ``--dry-run`` (CPU, Triton interpreter, tiny shapes) runs end to end in both modes,
 and the ``MEASURED`` block ``--sweep`` prints is valid Python that ``_tiles`` then uses."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fp8_fusion_pass.kernels.triton import _tiles
 
 
 def _run(tmp_path, *args: str) -> str:
-    return run_dry("kernels.py", tmp_path, *args)
+    return run_dry("fused_kernels.py", tmp_path, *args)
 
 
 def test_dry_run_table(tmp_path):
@@ -29,13 +29,13 @@ def test_replot_reads_back_what_report_wrote(tmp_path):
     # must be the numbers report() wrote, K and M as ints, the floats as floats.
     _run(tmp_path)
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import kernels
+    import fused_kernels
 
-    rows = kernels.read_csv(str(tmp_path / "kernels.csv"))
+    rows = fused_kernels.read_csv(str(tmp_path / "kernels.csv"))
     assert len(rows) == 6 and {type(r["K"]) for r in rows} == {int} and {type(r["M"]) for r in rows} == {int}
     assert all(r["read_floor_us"] > 0 and r["fused_over_read_floor"] == r["fused_us"] / r["read_floor_us"]
                for r in rows)  # fmt: skip
-    assert {r["op"] for r in rows} == set(kernels.OPS)
+    assert {r["op"] for r in rows} == set(fused_kernels.OPS)
 
 
 def test_sweep_prints_a_pasteable_table(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ Why these numbers (H200: 132 SMs, 64 warps / SM, 64K registers / SM, 50 MB L2, 4
 Under the CPU interpreter (``TRITON_INTERPRET=1``) every program or loop step costs ~25 ms of Python whatever its
 size (K=5120, M=17: 680 one-group programs took 17 s), so there the tiles grow to ``INTERPRETER_TILE`` and a
 program takes one block; the GPU tiles are exercised there through the ``tile=`` override in the tests.
-These defaults are predictions from the counts above; ``benchmarks/kernels.py --sweep`` times the alternatives on
+These defaults are predictions from the counts above; ``benchmarks/fused_kernels.py --sweep`` times the alternatives on
 the GPU and prints the winners as ``MEASURED`` entries to paste below (they take precedence at group size 128).
 """
 
@@ -82,11 +82,11 @@ class Tile:
         return {"BLOCK_M": self.block_m, "GPC": self.gpc, "num_warps": self.num_warps}
 
 
-# Measured winners, pasted from ``benchmarks/kernels.py --sweep`` (H200): (op, K, M bucket) -> Tile, group size 128.
+# Measured winners, pasted from ``benchmarks/fused_kernels.py --sweep`` (H200): (op, K, M bucket) -> Tile, group size 128.
 # op: "rms_norm" (also serves rms_norm_group_quant and the unquantized norm: one reduction order),
 # "add_rms_norm", "silu_mul", "group_quant". Empty until the first sweep: the defaults below apply.
 # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s) by
-# `python benchmarks/kernels.py --sweep --sizes 1024,2048,4096,5120,8192,3072,6144,12288,14336,25600,28672`
+# `python benchmarks/fused_kernels.py --sweep --sizes 1024,2048,4096,5120,8192,3072,6144,12288,14336,25600,28672`
 # (M 8192, 2048, 256, 16; the fused ops only: group_quant keeps its defaults). One row tile serves the fused
 # and the unquantized norm, so both reduce in the same order.
 MEASURED: dict[tuple[str, int, str], Tile] = {

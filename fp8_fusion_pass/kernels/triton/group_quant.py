@@ -59,7 +59,7 @@ def _group_quant_kernel(
 
 
 def launch(x: torch.Tensor, group_size: int, tile: _tiles.Tile | None = None):
-    """``tile`` overrides ``_tiles.elementwise_tile`` (tests and ``benchmarks/kernels.py --sweep``)."""
+    """``tile`` overrides ``_tiles.elementwise_tile`` (tests and ``benchmarks/fused_kernels.py --sweep``)."""
     x2 = _tiles.rows_of(x)
     m, k = x2.shape
     n_groups = k // group_size

@@ -243,7 +243,7 @@ def launch(
 ):
     """Run the norm family. ``group_size=None``: unquantized. Returns ``(y or (q, scale), residual_out or None)``.
 
-    ``tile`` overrides ``_tiles.row_tile`` (tests and ``benchmarks/kernels.py --sweep``)."""
+    ``tile`` overrides ``_tiles.row_tile`` (tests and ``benchmarks/fused_kernels.py --sweep``)."""
     x2 = _tiles.rows_of(x)
     m, k = x2.shape
     r2 = _tiles.rows_of(residual) if residual is not None else x2

@@ -85,7 +85,7 @@ def _silu_and_mul_kernel(
 def launch(x: torch.Tensor, group_size: int | None, tile: _tiles.Tile | None = None):
     """``group_size=None``: returns y [..., I]; else ``(q [..., I], scale [..., I/group_size])``.
 
-    ``tile`` overrides ``_tiles.elementwise_tile`` (tests and ``benchmarks/kernels.py --sweep``)."""
+    ``tile`` overrides ``_tiles.elementwise_tile`` (tests and ``benchmarks/fused_kernels.py --sweep``)."""
     x2 = _tiles.rows_of(x)
     m, i = x2.shape[0], x2.shape[1] // 2
     quant = group_size is not None
