@@ -39,39 +39,20 @@ FAMILIES = [
     (256, 8, 3, 1, False, True),
 ]
 QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9], FAMILIES[14]]
-# ``--families light`` (idea 14): GEMV-shaped launches on the tensor cores, smaller programs (16-64 weight rows,
-# 1-2 warps) and more of them (up to 12 per SM), and the last program's split-K sum with one partial in flight
-# instead of four (a seventh field: ``sum_loads``), which takes its registers from 128 to 66 at 16 rows (offline
-# sm_90 compile, Triton 3.6); the TABLE's own families beside them with that sum.
-LIGHT_FAMILIES = [
-    (16, 1, 4, 1, False, True, 4),
-    (32, 1, 4, 1, False, True, 4),
-    (32, 2, 4, 1, False, True, 4),
-    (32, 2, 6, 1, False, True, 4),
-    (64, 2, 4, 1, False, True, 4),
-    (32, 2, 4, 1, False, True, 1),
-    (64, 4, 4, 1, False, True, 1),
-    (64, 4, 6, 1, False, True, 1),
-    (64, 4, 4, 1, False, False, 1),
-]
-LIGHT_TARGETS = (132, 264, 396, 528, 792, 1056, 1584)
 DRY_FAMILIES = [(32, 4, 2, 2, False, False), (32, 4, 2, 1, True, False), (32, 4, 2, 1, False, True)]
 PROGRAM_TARGETS = (132, 264, 396, 528)
 
 
-def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128,
-               targets=PROGRAM_TARGETS) -> list[SmallMConfig]:  # fmt: skip
-    """Distinct small-M configs (effective split-K, as ``split_plan`` runs it) for one GEMM. A family is
-    (block_n, warps, stages, k_unroll, fma, tma[, sum_loads])."""
+def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128) -> list[SmallMConfig]:
+    """Distinct small-M configs (effective split-K, as ``split_plan`` runs it) for one GEMM."""
     k_tiles = k // block_k
     out: list[SmallMConfig] = []
-    for block_n, warps, stages, unroll, fma, tma, *rest in families:
+    for block_n, warps, stages, unroll, fma, tma in families:
         if fma and m > FMA_MAX_M:
             continue
-        sum_loads = rest[0] if rest else 4
         n_tiles = math.ceil(n / block_n)
-        splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), unroll)[0] for t in targets}
-        out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma, sum_loads) for s in sorted(splits)]
+        splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), unroll)[0] for t in PROGRAM_TARGETS}
+        out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma) for s in sorted(splits)]
     return list(dict.fromkeys(out))
 
 
@@ -92,8 +73,6 @@ IDEAS = {
     "fma GEMV": (lambda c: c.fma, lambda c: not c.fma),
     "split 1": (lambda c: c.split_k == 1, lambda c: c.split_k > 1),
     "tma": (lambda c: c.tma, lambda c: not c.tma and not c.fma and c.k_unroll == 1),
-    "sum_loads 1": (lambda c: c.sum_loads == 1 and c.split_k > 1, lambda c: c.sum_loads == 4 and c.split_k > 1),
-    "<= 2 warps": (lambda c: c.warps <= 2 and not c.fma, lambda c: c.warps >= 4 and not c.fma),
 }  # fmt: skip
 
 
@@ -102,9 +81,7 @@ def idea_ratios(timed: dict[SmallMConfig, float]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, (has, base) in IDEAS.items():
         # every other idea compares pointer-loaded configs, as it did before the TMA families existed
-        # (and the light families' ideas compare TMA configs, as those families are)
-        light = name in ("sum_loads 1", "<= 2 warps")
-        pool = {c: t for c, t in timed.items() if c.reduce == "last" and (name == "tma" or light or not c.tma)}
+        pool = {c: t for c, t in timed.items() if c.reduce == "last" and (name == "tma" or not c.tma)}
         a = [t for c, t in pool.items() if has(c)]
         b = [t for c, t in pool.items() if base(c)]
         out[name] = min(a) / min(b) if a and b else None

@@ -18,6 +18,9 @@ the same run, and the read floor: a plain streaming read of those bytes timed in
 what any kernel that must read them pays here for its ramp and tail. At M <= 64 also the activation quant: ``group_quant`` + the best small-M GEMM against the small-M
 GEMM quantizing its bf16 input itself (``small_m_mm_bf16``), for the pass's small-M "worth it" table.
 
+Each point also re-times the committed ``TABLE`` row for its (M bucket, N, K) and prints it beside the run's best
+("best/TABLE"): a sweep's winner is a TABLE change only against that, measured in the same run.
+
 Timing: each candidate is captured ``reps`` times into one CUDA graph, cycling through enough weight copies
 to exceed 3x the 50 MB L2, so every call reads its weight from HBM as a decode step does; the figure is the
 median over replays of (replay time / reps). Every candidate is first checked against the fp32 dequantized
@@ -191,7 +194,7 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
 
 
 def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
-              gemv_sweep=(), targets=sweep.PROGRAM_TARGETS) -> tuple[dict, str]:
+              gemv_sweep=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -207,7 +210,7 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     if m <= bm.SMALL_M_MAX:
         last_default = dataclasses.replace(small_default, reduce="last")
         mine = [committed.config] if committed is not None and committed.path == "small_m" else []
-        for cfg in dict.fromkeys([last_default, *mine, *sweep.candidates(n, k, m, families, targets=targets)]):
+        for cfg in dict.fromkeys([last_default, *mine, *sweep.candidates(n, k, m, families)]):
             small[cfg] = cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
     for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
         cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
@@ -242,14 +245,14 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
-def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), targets=sweep.PROGRAM_TARGETS):
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=()):
     rows, table_rows = [], []
     floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, targets)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -342,8 +345,6 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated substrings of shape names to run (e.g. qwen3-32b)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--small-only", action="store_true", help="no tiled sweep (M <= 64 runs)")
-    p.add_argument("--families", choices=("all", "light"), default="all",
-                   help="small-M families to sweep: all (the TABLE's), or light (_gemm_sweep.LIGHT_FAMILIES)")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -358,21 +359,17 @@ def main(argv=None) -> int:
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     families, tiled_sweep = (sweep.QUICK_FAMILIES, SWEEP_TILED[:2]) if args.quick else (sweep.FAMILIES, SWEEP_TILED)
-    targets = sweep.PROGRAM_TARGETS
-    if args.families == "light":
-        families, targets = sweep.LIGHT_FAMILIES, sweep.LIGHT_TARGETS
     gemv_sweep = SWEEP_GEMV
     if args.small_only:  # the small-M paths only: M <= 64, no tiled sweep
         tiled_sweep = []
     if args.dry_run:
-        shapes, ms, tiled_sweep = [("tiny", 128, 512)], [1, 65], SWEEP_TILED[:1]
-        families = sweep.DRY_FAMILIES if args.families == "all" else sweep.LIGHT_FAMILIES[-3:]
+        shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
         gemv_sweep = [GemvConfig(4, 256)]
     bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     t0 = time.time()
-    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, targets)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     if args.json:

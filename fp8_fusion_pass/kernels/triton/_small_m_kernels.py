@@ -97,6 +97,16 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
     M = 64, 0.89-1.02x at M = 16 / 32, and 1.00-1.10x on the 1024-row k|v weights, which keep pointer loads. It
     took 33 of the 48 TABLE rows at M = 16-64 (cuBLAS kept 2). At M = 1 it also wins the three down projections
     (2026-12-03: Qwen3-32B's 37.6 -> 34.5 us, 1.03x a plain read of its weight), and Llama-3.1-8B's at M = 4.
+14. More, lighter programs, and a register-light split-K sum (probe ddeb781, withdrawn). Offline sm_90 compiles
+    (Triton 3.6, ``cuobjdump -res-usage``, TMA configs) showed the last program's sum, four [BLOCK_N, BLOCK_M]
+    partials in flight, setting the whole kernel's registers: 128 per thread at 16 rows where the kernel without
+    it takes 53; 255 and 16 B spilled at 32 rows (86 without); 255 and 856 B spilled at 64 rows (153). Summing one
+    partial at a time: 66 / 138 / 246, nothing spilled. Predicted: more programs resident per SM, and with them
+    GEMV-shaped launches (16-64 weight rows, 1-2 warps, up to 12 programs per SM) that the sweep's 1-4 per SM never
+    tried. Measured (``gemm.py --ms 16,32,64 --small-only`` with those families, 48 points, H200, 2026-12-03): the
+    1-2 warp launches 1.01-1.57x slower than the 4-warp ones at every point; the one-at-a-time sum at the TABLE's
+    families 0.984-1.0x the committed rows re-timed in the same run, the spread two identical configs showed
+    (0.986-0.998x): no effect. Occupancy is not what holds these launches back. Withdrawn.
 Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.7-2.7x, the 4 MB k|v
 5-7x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
 0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes
@@ -124,7 +134,6 @@ from ._fp8 import amax_nan, cast_fp8, div_by_scale, fp8_constexprs, reciprocal_o
 from ._pdl import prefetch_l2, wait_then_launch
 
 REDUCES = ("kernel", "last")
-SUM_LOADS = (4, 1)
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
 # With PDL: K tiles per weight row that a program prefetches into L2 before its wait (module docstring, 10).
@@ -144,7 +153,6 @@ class SmallMConfig:
     k_unroll: int = 1  # K tiles per loop iteration: 1 or 2 (``_k_loop`` carries that many tiles' scales ahead)
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
     tma: bool = False  # operand tiles by TMA (idea 13); launches it cannot take run the same kernel without it
-    sum_loads: int = 4  # "last": partials the summing program has in flight at once, 4 or 1 (idea 14)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
@@ -155,8 +163,6 @@ class SmallMConfig:
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"SmallMConfig.{name} must be a power of two, got {v}")
-        if self.sum_loads not in SUM_LOADS:
-            raise ValueError(f"SmallMConfig.sum_loads must be one of {SUM_LOADS}, got {self.sum_loads}")
         if self.tma and self.fma:
             raise ValueError("SmallMConfig: tma loads tiles for the tensor cores; fma has none")
         if self.split_k < 1 or self.stages < 1:
@@ -269,29 +275,22 @@ def _last_split(cnt_ptr, tile):
 
 
 @triton.jit
-def _sum_partials(p_ptrs, mask, mn, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SUM_LOADS: tl.constexpr = 4):
+def _sum_partials(p_ptrs, mask, mn, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
     """The sum of the tile's ``num_programs(1)`` fp32 partials (``p_ptrs`` at split 0, ``mn`` apart), in split
-    order, as ``_splitk_reduce_kernel`` adds them: the two sums are bitwise equal.
-
-    ``SUM_LOADS`` 4: four partials' loads in flight before their adds (one L2 round trip, ~0.6 us, per four splits
-    instead of per split; idea 8). 1: one at a time, a round trip per split, but a quarter of the registers: the
-    kernel's register count is its peak anywhere, so four [ROWS, BLOCK_M] tiles in flight here set it for the
-    whole K loop (idea 14). Either way the adds keep _splitk_reduce_kernel's order: ((0 + p0) + p1) + ..., and a
-    missing split adds +0.0, which changes no sum. Loads are .cg: from L2, never a stale L1 line."""
+    order, as ``_splitk_reduce_kernel`` adds them: the two sums are bitwise equal."""
     split = tl.num_programs(1)
     total = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
-    if SUM_LOADS == 1:
-        for s in range(split):
-            total = total + tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
-    else:
-        for s in range(0, split, 4):
-            sv = s + tl.zeros((ROWS, BLOCK_M), dtype=tl.int32)  # a tensor: the interpreter mis-types a block mask
-            # & a scalar condition (int, "mask has unsupported dtype")
-            p0 = tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
-            p1 = tl.load(p_ptrs + (s + 1) * mn, mask=mask & (sv + 1 < split), other=0.0, cache_modifier=".cg")
-            p2 = tl.load(p_ptrs + (s + 2) * mn, mask=mask & (sv + 2 < split), other=0.0, cache_modifier=".cg")
-            p3 = tl.load(p_ptrs + (s + 3) * mn, mask=mask & (sv + 3 < split), other=0.0, cache_modifier=".cg")
-            total = (((total + p0) + p1) + p2) + p3
+    # Four partials' loads in flight before their adds (one L2 round trip, ~0.6 us, per four splits instead of
+    # per split); the adds keep _splitk_reduce_kernel's order: ((0 + p0) + p1) + ..., and a missing split adds
+    # +0.0, which changes no sum. Loads are .cg: from L2, never a stale L1 line.
+    for s in range(0, split, 4):
+        sv = s + tl.zeros((ROWS, BLOCK_M), dtype=tl.int32)  # a tensor: the interpreter mis-types a block mask &
+        # a scalar condition (int, "mask has unsupported dtype")
+        p0 = tl.load(p_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+        p1 = tl.load(p_ptrs + (s + 1) * mn, mask=mask & (sv + 1 < split), other=0.0, cache_modifier=".cg")
+        p2 = tl.load(p_ptrs + (s + 2) * mn, mask=mask & (sv + 2 < split), other=0.0, cache_modifier=".cg")
+        p3 = tl.load(p_ptrs + (s + 3) * mn, mask=mask & (sv + 3 < split), other=0.0, cache_modifier=".cg")
+        total = (((total + p0) + p1) + p2) + p3
     return total
 
 
@@ -345,7 +344,6 @@ def _small_m_kernel(
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait for the previous grid before the loop
     PREFETCH: tl.constexpr,  # PDL: prefetch the first weight tiles into L2 before the wait (16-byte aligned rows)
     TMA: tl.constexpr,  # operand tiles by the copy engine (GROUPS 1, fp8 input, tensor cores; _k_loop)
-    SUM_LOADS: tl.constexpr,  # MODE 2: partials in flight in the last program's sum (_sum_partials)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -407,7 +405,7 @@ def _small_m_kernel(
         if MODE == 2:
             tile = pid_m * tl.num_programs(0) + pid_n
             if _last_split(cnt_ptr, tile):
-                total = _sum_partials(p_ptrs, mask, mn, BLOCK_N, BLOCK_M, SUM_LOADS)
+                total = _sum_partials(p_ptrs, mask, mn, BLOCK_N, BLOCK_M)
                 tl.store(c_ptrs, round_to(total, c_ptr.dtype.element_ty, EMULATE_CAST), mask=mask)
                 tl.store(cnt_ptr + tile, 0)  # ready for the next launch (stream order makes it visible)
 
@@ -566,8 +564,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         per_split, *slots[1], *slots[2], a_desc, b_desc,
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
-        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, SUM_LOADS=cfg.sum_loads, num_warps=cfg.warps,
-        num_stages=cfg.stages,
+        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages,
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:
