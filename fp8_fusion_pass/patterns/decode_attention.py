@@ -19,7 +19,8 @@ but not equal to it, so deterministic mode keeps the rewrite off.
 
 A candidate is a bmm whose first operand is a softmax over the last dim (amax, sub, exp, sum, div; on CUDA Inductor
 has already turned the max and the sum into one ``prepare_softmax_online``) rounded to a half dtype; either bmm may
-be Inductor's row-padded one (``pad_mm``: ``bmm(cat([a, zeros], 1), b)[:, :m]``). Guards, each with its reason:
+be Inductor's row-padded one (``pad_mm``: ``bmm(cat([a, zeros], 1), b)[:, :m]``, or the rows padded by
+``constant_pad_nd``, as torch 2.11-2.13 write it). Guards, each with its reason:
 the softmax's input is fp32 ``scale * scores`` (or the scores alone) where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
 values a [B, Hkv, T, D] tensor, nothing else reading any step and a 4-D mask (``attention_not_plain``; an additive
 mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static rows,
@@ -129,26 +130,55 @@ def _zeros(node) -> bool:
     return _op(node, aten.zeros.default) or (_op(node, aten.full.default) and node.args[1] == 0)
 
 
+def _rows_padded(node) -> Node | None:
+    """``a`` when ``node`` is ``a`` with zero rows appended on dim 1 (of a 3-D [batch, rows, K] operand), in either
+    of ``pad_mm``'s spellings: ``cat([a, zeros], 1)`` (``pad_dim``) or ``constant_pad_nd(a, [0, 0, 0, p, 0, 0])``
+    (``pad_mat1`` of a bmm: the pad list runs from the last dim back, each dim's (before, after)); else None."""
+    if _op(node, aten.cat.default):
+        parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
+        if len(parts) == 2 and dim == 1 and _zeros(parts[1]):
+            return parts[0]
+        return None
+    if _op(node, aten.constant_pad_nd.default):
+        pad = list(node.args[1])
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        # K (last dim) untouched, rows padded after only, the batch dim (if listed) untouched
+        if value == 0 and len(pad) in (4, 6) and pad[:3] == [0, 0, 0] and not any(pad[4:]):
+            return node.args[0]
+    return None
+
+
+def _padded_input(node: Node) -> Node:
+    """The tensor a ``cat`` / ``constant_pad_nd`` pads (a cat's first part)."""
+    return node.args[0][0] if _op(node, aten.cat.default) else node.args[0]
+
+
+def _is_softmax(node: Node) -> bool:
+    """``node`` (through views) is a softmax over the last dim rounded to a half dtype: a value GEMM's operand."""
+    probs = _graph.through_views(node, [])
+    return _op(probs, CONVERT) and probs.args[1] in HALF and softmax_input(probs.args[0]) is not None
+
+
 def _unpadded(out: Node) -> tuple[Node, Node, list[Node]] | None:
     """(bmm, its first operand, the padding's nodes) when ``out`` is a bmm, or Inductor's row-padded one,
-    ``bmm(cat([a, zeros], 1), b)[:, :m]`` = ``bmm(a, b)``: ``pad_mm`` pads a bmm's rows to a multiple of 8 on CUDA
-    where a benchmark at compile time finds the padded GEMM faster (an 8B model's 4 rows per kv head, as timing
-    noise decides). Whole-input slices (``x[:, ...]`` on dim 0) are gone by then: post-grad's remove_noop_ops."""
+    ``bmm(pad_rows(a), b)[:, :m]`` = ``bmm(a, b)`` (``_rows_padded``): ``pad_mm`` pads a bmm's rows to a multiple of
+    8 on CUDA where a benchmark at compile time finds the padded GEMM faster (an 8B model's 4 rows per kv head, as
+    timing noise decides, or always with ``force_shape_pad``). Whole-input slices (``x[:, ...]`` on dim 0) are gone
+    by then: post-grad's remove_noop_ops."""
     if _op(out, aten.bmm.default):
         return out, out.args[0], []
     if not (_op(out, aten.slice.Tensor) and _op(out.args[0], aten.bmm.default) and len(out.args[0].users) == 1):
         return None
-    bmm, cat = out.args[0], out.args[0].args[0]
+    bmm, pad = out.args[0], out.args[0].args[0]
     dim = out.args[1] if len(out.args) > 1 else 0
     start = out.args[2] if len(out.args) > 2 else None
     step = out.args[4] if len(out.args) > 4 else 1
-    if not (dim == 1 and start in (0, None) and step == 1 and _op(cat, aten.cat.default) and len(cat.args[0]) == 2
-            and (cat.args[1] if len(cat.args) > 1 else 0) == 1 and _zeros(cat.args[0][1])):  # fmt: skip
+    a = _rows_padded(pad)
+    if not (dim == 1 and start in (0, None) and step == 1 and a is not None):
         return None
-    a = cat.args[0][0]
     if not _graph.shape_is(_graph.val(out), (*_graph.val(a).shape[:2], _graph.val(bmm).shape[2])):
         return None
-    return bmm, a, [out, cat]
+    return bmm, a, [out, pad]
 
 
 def _scaled(s: Node, chain: list[Node]) -> tuple[Node, Node, float, Node]:
@@ -191,8 +221,13 @@ class Match:
         operand, users = pv.args[0], list(pv.users)
         padded = _unpadded(users[0]) if len(users) == 1 and _op(users[0], aten.slice.Tensor) else None
         if padded is not None:
-            _, operand, (self.out, cat) = padded
-            self.nodes = [self.out, pv, cat]  # out first: nothing after it is the match's own reader
+            _, operand, (self.out, pad) = padded
+            self.nodes = [self.out, pv, pad]  # out first: nothing after it is the match's own reader
+        elif _op(operand, aten.cat.default, aten.constant_pad_nd.default) and _is_softmax(_padded_input(operand)):
+            # a softmax times values, padded in a way _rows_padded does not read: say so, not a silent skip
+            how = list(operand.args[1]) if _op(operand, aten.constant_pad_nd.default) else "cat"
+            raise _NotPlain(f"the value GEMM's probabilities are padded beyond their rows ({how} -> "
+                            f"{_graph.shape_str(p=operand)})")  # fmt: skip
         probs = _graph.through_views(operand, self.nodes)
         if not (_op(probs, CONVERT) and probs.args[1] in HALF):
             raise LookupError
