@@ -41,6 +41,7 @@ from elementwise_checks import (
     check_silu_mul_group_quant,
     cpu_only,
 )
+from interpreter_caps import require_fnuz_interpreter
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fp8_fusion_pass import arch
@@ -108,6 +109,7 @@ def test_dynamic_per_tensor_quant_adversarial():
 
 @cpu_only
 def test_e4m3fnuz_on_simulated_gfx942():
+    require_fnuz_interpreter()
     x, w = _adversarial(9, 1024), _randn(1024, seed=1)
     with arch.simulate_arch("gfx942"):
         assert arch.arch_of("cpu").fp8_dtype == torch.float8_e4m3fnuz

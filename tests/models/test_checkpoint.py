@@ -7,6 +7,7 @@ import socket
 
 import pytest
 import torch
+from interpreter_caps import require_fnuz_interpreter
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -69,6 +70,7 @@ def test_fp32_scales_deepseek_style(tmp_path):
 
 
 def test_gfx942_load_converts_to_fnuz(qwen3_ckpt):
+    require_fnuz_interpreter()
     path, written = qwen3_ckpt
     with arch.simulate_arch("gfx942"):
         loaded = load_fp8_checkpoint(path)

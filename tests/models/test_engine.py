@@ -15,8 +15,10 @@ from fp8_fusion_pass.quantize import BlockFP8Linear, PerTensorFP8Linear, quantiz
 # This module's tolerance table.
 # Decode through the static cache vs one full forward, max |logit| difference relative to max |logit|: the masked
 # SDPA over the cache reduces in another order than the causal one (bf16: ~0.5%); with block-FP8 one flipped
-# bf16 activation can move an fp8 value by one step (~2% measured on qwen3-tiny).
-CACHE_VS_FULL_REL = {"bf16": 0.02, "block": 0.05}
+# bf16 activation can move an fp8 value by one step (~2% measured on qwen3-tiny with torch 2.13; 5.5% with torch
+# 2.12.1, whose CPU SDPA reduces in yet another order). Decoding the last 3 tokens with the first 5 missing from
+# the cache reads 0.99 on the same measure (block, torch 2.13): far off either bound.
+CACHE_VS_FULL_REL = {"bf16": 0.02, "block": 0.08}
 
 
 def _run(model, *args, **kw):

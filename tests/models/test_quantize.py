@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreter_caps import require_fnuz_interpreter
 from tolerances import MODEL_FP8_VS_BF16_REL_ERR
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -138,6 +139,7 @@ def test_fp8_dtype_survives_model_to_bf16():
 
 
 def test_converted_dtype_follows_arch():
+    require_fnuz_interpreter()
     with arch.simulate_arch("gfx942"):
         model = nn.Sequential(nn.Linear(128, 256, bias=False).bfloat16())
         w = model[0].weight.detach().float().clone()
@@ -217,6 +219,8 @@ def _hf_fp8_linear(w: torch.Tensor, block=(128, 128), bias=None):
 
 @pytest.mark.parametrize("simulated", ["cpu", "gfx942"])
 def test_transformers_fp8linear_is_adopted_not_requantized(simulated):
+    if simulated == "gfx942":
+        require_fnuz_interpreter()
     w, b = torch.randn(256, 384), torch.randn(256)
     with arch.simulate_arch(simulated):
         model = nn.Sequential(_hf_fp8_linear(w, bias=b), _hf_fp8_linear(w[:, :256], block=None))
