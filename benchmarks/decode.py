@@ -308,6 +308,9 @@ def time_steps(step, args, steps: int) -> tuple[float, torch.Tensor]:
 def fusion_summary(reports) -> dict:
     """Rewrites applied, per compiled graph the pass ran on: with regional compiles every batch size compiles the
     layer graphs again, and graphs served from the FX graph cache carry no counts (the pass did not run)."""
+    if not reports:  # decode.py hands the pass to Inductor itself: a compile served from a cache leaves no report
+        return {"graphs the pass ran on": 0, "note": "no report: every graph came from a compile cache "
+                "(TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 shows the decisions)"}  # fmt: skip
     ran = [r for r in reports if not r.cache_hit]
     counts = report.merged(ran).counts() if ran else {}
     return {"graphs the pass ran on": len(ran), "served from the FX graph cache": len(reports) - len(ran), **counts}

@@ -202,3 +202,14 @@ def test_sigterm_times_the_captured_cells_before_the_table(monkeypatch, capsys):
     out = capsys.readouterr()
     assert re.search(r"^qwen3-tiny\s+engine\s+pass\s+1\s+[\d.]+\s+[\d.]+\s+\d+\.\d+x", out.out, re.M), out.out
     assert re.search(r"^speed-up per round \(qwen3-tiny engine block\+pass batch 1\): \S+x$", out.out, re.M), out.out
+
+
+def test_a_variant_without_reports_says_why():
+    # A variant whose every graph came from a compile cache left no report: the summary says so, not zero counts.
+    import decode
+
+    from fp8_fusion_pass.report import FusionReport
+
+    assert "no report" in decode.fusion_summary([])["note"]
+    hit = FusionReport(graph=1, cache_hit=True)
+    assert decode.fusion_summary([hit]) == {"graphs the pass ran on": 0, "served from the FX graph cache": 1}
