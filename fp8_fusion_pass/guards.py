@@ -54,7 +54,8 @@ REASONS = {
     "attention_not_plain": "gqa_attention: causal, dropout, a mask not per batch row / head / key, or another "
                            "output of the attention read; decode_attention: the softmax's input is not fp32 scaled "
                            "scores with -inf where a bool mask says (an additive mask), the keys / values not "
-                           "[B, Hkv, T, D] tensors, or a step also read elsewhere",
+                           "[B, Hkv, T, D] tensors, a padding other than pad_mm's of the rows, or a step also read "
+                           "elsewhere",
     "attention_rows_above_decode": "decode_attention: more than 16 query rows per kv head (heads per kv head x "
                                    "tokens: a prefill); the GEMMs and softmax stay",
     "rope_attention_not_single": "rope_attention: more than one token, the RoPE op's q also read elsewhere or not "

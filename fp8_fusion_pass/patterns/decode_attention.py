@@ -226,8 +226,8 @@ class Match:
         elif _op(operand, aten.cat.default, aten.constant_pad_nd.default) and _is_softmax(_padded_input(operand)):
             # a softmax times values, padded in a way _rows_padded does not read: say so, not a silent skip
             how = list(operand.args[1]) if _op(operand, aten.constant_pad_nd.default) else "cat"
-            raise _NotPlain(f"the value GEMM's probabilities are padded beyond their rows ({how} -> "
-                            f"{_graph.shape_str(p=operand)})")  # fmt: skip
+            raise _NotPlain(f"the value GEMM's probabilities are padded ({how} -> {_graph.shape_str(p=operand)}) in a "
+                            "form the rewrite does not read")  # fmt: skip
         probs = _graph.through_views(operand, self.nodes)
         if not (_op(probs, CONVERT) and probs.args[1] in HALF):
             raise LookupError

@@ -221,6 +221,7 @@ def test_a_padding_it_does_not_read_is_reported():
     r, out = run_pass(_pads_as(gm, "k"), ALONE)
     assert "decode_attention" not in r.counts() and r.rejection_reasons() == {"attention_not_plain": 1}, r.render()
     assert _count(out, aten.bmm.default) == 2
+    assert "form the rewrite does not read" in r.render()
 
 
 def test_the_online_softmax_spelling_is_taken():
