@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
 from benchmark_script import ROOT, run_dry
 
 from fp8_fusion_pass.kernels.triton import _tiles
@@ -15,8 +16,15 @@ def _run(tmp_path, *args: str) -> str:
     return run_dry("fused_kernels.py", tmp_path, *args)
 
 
-def test_dry_run_table(tmp_path):
-    out = _run(tmp_path)
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """One dry run of the table (~20 s in the interpreter), read by the tests below: (stdout, its --out dir)."""
+    out_dir = tmp_path_factory.mktemp("kernels_table")
+    return _run(out_dir), out_dir
+
+
+def test_dry_run_table(table):
+    out, tmp_path = table
     for op in ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant"):
         assert out.count(op) >= 2, out  # M = 5 and M = 1 rows
     assert "all M: fused / best peer" in out
@@ -24,10 +32,10 @@ def test_dry_run_table(tmp_path):
     assert "read_floor_us" in out  # the read-floor column of the table
 
 
-def test_replot_reads_back_what_report_wrote(tmp_path):
+def test_replot_reads_back_what_report_wrote(table):
     # --replot redraws the PNG from a measured CSV (docs/img/kernels_h200.png was redrawn so): the rows it reads
     # must be the numbers report() wrote, K and M as ints, the floats as floats.
-    _run(tmp_path)
+    tmp_path = table[1]
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import fused_kernels
 

@@ -18,8 +18,15 @@ def _run(tmp_path, *args: str) -> str:
     return run_dry("rope_kernels.py", tmp_path, *args)
 
 
-def test_dry_run_table(tmp_path):
-    out = _run(tmp_path, "--no-inductor")
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """One dry run of the table (~30 s in the interpreter), read by the tests below: (stdout, its --out dir)."""
+    out_dir = tmp_path_factory.mktemp("rope_table")
+    return _run(out_dir, "--no-inductor"), out_dir
+
+
+def test_dry_run_table(table):
+    out, tmp_path = table
     assert "all M: fused / best peer" in out
     rows = list(csv.DictReader((tmp_path / "rope_kernels.csv").read_text().splitlines()))
     assert sorted({r["op"] for r in rows}) == sorted(OPS) and {r["M"] for r in rows} == {"3", "1"}
@@ -36,18 +43,18 @@ def test_dry_run_sweep_writes_every_candidate(tmp_path):
     assert sum(r["is_default"] == "True" for r in rows) == 2 and "n_rows in [0, 512)" in out
 
 
-def test_replot_reads_back_what_report_wrote(tmp_path):
+def test_replot_reads_back_what_report_wrote(table, tmp_path):
     # docs/img/rope_kernels_h200.png is drawn from the measured CSV with --replot: the rows it reads must be the
     # numbers report() wrote, heads and M as ints
-    _run(tmp_path, "--no-inductor")
+    table_dir = table[1]
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import rope_kernels
 
-    rows = rope_kernels.read_csv(str(tmp_path / "rope_kernels.csv"))
+    rows = rope_kernels.read_csv(str(table_dir / "rope_kernels.csv"))
     assert {type(r[k]) for r in rows for k in ("Hq", "Hk", "M")} == {int}
     assert all(r["fused_over_read_floor"] == r["fused_us"] / r["read_floor_us"] for r in rows)
     out = tmp_path / "replot"
-    assert rope_kernels.main(["--replot", str(tmp_path / "rope_kernels.csv"), "--out", str(out)]) == 0
+    assert rope_kernels.main(["--replot", str(table_dir / "rope_kernels.csv"), "--out", str(out)]) == 0
 
 
 def test_check_refuses_a_wrong_launch(monkeypatch):
