@@ -1,4 +1,5 @@
-"""``benchmarks/fused_kernels.py --sweep``: time tile candidates of our Triton kernels, print the winners for ``_tiles.py``.
+"""``benchmarks/fused_kernels.py --sweep``: time tile candidates of our Triton kernels, print the winners for
+``_tiles.py``.
 
 For each (op, K, M) the kernel runs with the tile its launcher picks (``default``) and with every candidate of
 ``candidates``; per (op, K, M bucket) the tile with the smallest summed time relative to the best at each M of the

@@ -1,11 +1,11 @@
 """Fused norm / silu + 1x128 group-quant kernels vs the unfused Triton pair vs Inductor vs the roofline (issue 7).
 
-    python benchmarks/fused_kernels.py --quick              # 2 norm + 2 silu sizes, M in 1, 2048, 8192 (~1 min)
-    python benchmarks/fused_kernels.py --out DIR            # full: 5 hidden + 15 intermediate sizes x 6 M (~5 min, H200)
-    python benchmarks/fused_kernels.py --sweep              # tile candidates at K 4096, 5120, 12288, 25600 (~4 min)
+    python benchmarks/fused_kernels.py --quick        # 2 norm + 2 silu sizes, M in 1, 2048, 8192 (~1 min)
+    python benchmarks/fused_kernels.py --out DIR      # full: 5 hidden + 15 intermediate sizes x 6 M (~5 min, H200)
+    python benchmarks/fused_kernels.py --sweep        # tile candidates at K 4096, 5120, 12288, 25600 (~4 min)
     python benchmarks/fused_kernels.py --sweep --ops group_quant --sizes 4096,12288   # the unfused pair's quant too
     python benchmarks/fused_kernels.py --ops silu_mul_group_quant --sizes 25600,12800
-    python benchmarks/fused_kernels.py --dry-run            # CPU + Triton interpreter, tiny shapes: checks the script only
+    python benchmarks/fused_kernels.py --dry-run      # CPU + Triton interpreter, tiny shapes: checks the script only
 
 For each fused op (``rms_norm_group_quant``, ``add_rms_norm_group_quant``, ``silu_mul_group_quant``), at the
 Qwen3-0.6B / 1.7B / 8B / 32B and Llama-3.1-8B / 70B hidden sizes (norms; TP does not shard them) and intermediate

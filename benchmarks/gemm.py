@@ -286,9 +286,9 @@ def print_report(rows, table_rows) -> None:
     timed_table = [r for r in rows if isinstance(r.get("table_us"), float)]
     if timed_table:
         print("\nThe committed TABLE row, re-timed in this run, against this run's best:")
-        print(tabulate([[r["shape"], r["M"], r["table_config"], r["table_us"], r["best_us"], r["best_us"] / r["table_us"]]
-                        for r in timed_table], headers=["shape", "M", "TABLE row", "TABLE us", "best us", "best/TABLE"],
-                       floatfmt=".3f"))  # fmt: skip
+        cells = [[r["shape"], r["M"], r["table_config"], r["table_us"], r["best_us"], r["best_us"] / r["table_us"]]
+                 for r in timed_table]  # fmt: skip
+        print(tabulate(cells, headers=["shape", "M", "TABLE row", "TABLE us", "best us", "best/TABLE"], floatfmt=".3f"))
     small = [r for r in rows if r["M"] <= bm.SMALL_M_MAX]
     if small:
         worst = max(small, key=lambda r: r["best_over_roofline"])

@@ -153,10 +153,14 @@ def _padded_input(node: Node) -> Node:
     return node.args[0][0] if _op(node, aten.cat.default) else node.args[0]
 
 
-def _is_softmax(node: Node) -> bool:
-    """``node`` (through views) is a softmax over the last dim rounded to a half dtype: a value GEMM's operand."""
-    probs = _graph.through_views(node, [])
-    return _op(probs, CONVERT) and probs.args[1] in HALF and softmax_input(probs.args[0]) is not None
+def _probabilities(node: Node, chain: list[Node]) -> tuple[Node, tuple[Node, list[Node]]] | None:
+    """(the rounding node, ``softmax_input`` of what it rounds) when ``node`` (through views, added to ``chain``) is a
+    softmax over the last dim rounded to a half dtype, a value GEMM's operand; else None."""
+    probs = _graph.through_views(node, chain)
+    if not (_op(probs, CONVERT) and probs.args[1] in HALF):
+        return None
+    found = softmax_input(probs.args[0])
+    return None if found is None else (probs, found)
 
 
 def _unpadded(out: Node) -> tuple[Node, Node, list[Node]] | None:
@@ -223,17 +227,15 @@ class Match:
         if padded is not None:
             _, operand, (self.out, pad) = padded
             self.nodes = [self.out, pv, pad]  # out first: nothing after it is the match's own reader
-        elif _op(operand, aten.cat.default, aten.constant_pad_nd.default) and _is_softmax(_padded_input(operand)):
+        elif _op(operand, aten.cat.default, aten.constant_pad_nd.default) and _probabilities(_padded_input(operand), []):
             # a softmax times values, padded in a way _rows_padded does not read: say so, not a silent skip
             how = list(operand.args[1]) if _op(operand, aten.constant_pad_nd.default) else "cat"
             raise _NotPlain(f"the value GEMM's probabilities are padded ({how} -> {_graph.shape_str(p=operand)}) in a "
                             "form the rewrite does not read")  # fmt: skip
-        probs = _graph.through_views(operand, self.nodes)
-        if not (_op(probs, CONVERT) and probs.args[1] in HALF):
-            raise LookupError
-        found = softmax_input(probs.args[0])
-        if found is None:
-            raise LookupError  # not a softmax: no candidate
+        got = _probabilities(operand, self.nodes)
+        if got is None:
+            raise LookupError  # not a softmax times values: no candidate
+        probs, found = got
         self.nodes.append(probs)
         x, steps = found
         self.nodes += steps

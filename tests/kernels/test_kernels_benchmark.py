@@ -1,5 +1,5 @@
-"""``benchmarks/fused_kernels.py``: the ``--dry-run`` (CPU, Triton interpreter, tiny shapes) runs end to end in both modes,
-and the ``MEASURED`` block ``--sweep`` prints is valid Python that ``_tiles`` then uses."""
+"""``benchmarks/fused_kernels.py``: the ``--dry-run`` (CPU, Triton interpreter, tiny shapes) runs end to end in both
+modes, and the ``MEASURED`` block ``--sweep`` prints is valid Python that ``_tiles`` then uses."""
 
 from __future__ import annotations
 

@@ -82,7 +82,8 @@ class Tile:
         return {"BLOCK_M": self.block_m, "GPC": self.gpc, "num_warps": self.num_warps}
 
 
-# Measured winners, pasted from ``benchmarks/fused_kernels.py --sweep`` (H200): (op, K, M bucket) -> Tile, group size 128.
+# Measured winners, pasted from ``benchmarks/fused_kernels.py --sweep`` (H200): (op, K, M bucket) -> Tile,
+# group size 128.
 # op: "rms_norm" (also serves rms_norm_group_quant and the unquantized norm: one reduction order),
 # "add_rms_norm", "silu_mul", "group_quant". Empty until the first sweep: the defaults below apply.
 # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0, copy 4.28 TB/s) by
