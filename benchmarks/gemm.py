@@ -91,10 +91,8 @@ DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 rounding is ~1e-3
 REPEATS = 3  # extra calls that must reproduce a "last" split-K output bit for bit
-# The GEMV (M <= 4): rows per program x K per load step x the K loop's stages (loading no chunk ahead), or the
-# chunks loaded ahead (1 stage); 4 warps.
-SWEEP_GEMV = [GemvConfig(r, c, 4, s) for r in (2, 4, 8) for c in (512, 1024) for s in (1, 3)] + [
-    GemvConfig(r, c, 4, 1, a) for r in (2, 4, 8) for c in (512, 1024) for a in (1, 2)]
+# The GEMV (M <= 4): rows per program x K per load step x the K loop's stages; 4 warps.
+SWEEP_GEMV = [GemvConfig(r, c, 4, s) for r in (2, 4, 8) for c in (512, 1024) for s in (1, 3)]
 SWEEP_TILED = [
     TiledConfig(64, 128, 8, 4, 4),
     TiledConfig(128, 128, 8, 8, 3),
@@ -195,15 +193,6 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
     return out
 
 
-def gemv_ahead_split(gemv: dict) -> dict:
-    """The GEMV's best with no chunk loaded ahead and with chunks ahead (``GemvConfig.ahead``), for the report."""
-    if not gemv:
-        return {}
-    (cfg0, t0), (cfg1, t1) = (_best({c: v for c, v in gemv.items() if (c.ahead > 0) == on}) for on in (False, True))
-    return {"gemv_no_ahead_us": t0, "gemv_no_ahead_config": repr(cfg0), "gemv_ahead_us": t1,
-            "gemv_ahead_config": repr(cfg1), "gemv_ahead_ratio": _ratio(t1, t0)}  # fmt: skip
-
-
 def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
               gemv_sweep=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
@@ -241,7 +230,6 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
         "small_m_default_last_us": small.get(dataclasses.replace(small_default, reduce="last")),
         "small_m_best_us": sm_best, "small_m_best_config": repr(sm_cfg),
         "gemv_best_us": _best(gemv)[1], "gemv_best_config": repr(_best(gemv)[0]),
-        **gemv_ahead_split(gemv),
         "best_path": path, "best_config": repr(cfg), "best_us": best, "best_over_roofline": best / roof,
         "read_floor_us": read, "best_over_read_floor": best / read,
         "cublas_over_best": cub / best if isinstance(cub, float) else None,
@@ -301,12 +289,6 @@ def print_report(rows, table_rows) -> None:
         cells = [[r["shape"], r["M"], r["table_config"], r["table_us"], r["best_us"], r["best_us"] / r["table_us"]]
                  for r in timed_table]  # fmt: skip
         print(tabulate(cells, headers=["shape", "M", "TABLE row", "TABLE us", "best us", "best/TABLE"], floatfmt=".3f"))
-    ahead = [r for r in rows if r.get("gemv_ahead_ratio") is not None]
-    if ahead:
-        print("\nThe GEMV with weight chunks loaded ahead, against its best without:")
-        cells = [[r["shape"], r["M"], r["gemv_no_ahead_config"], r["gemv_no_ahead_us"], r["gemv_ahead_config"],
-                  r["gemv_ahead_us"], r["gemv_ahead_ratio"]] for r in ahead]  # fmt: skip
-        print(tabulate(cells, headers=["shape", "M", "no ahead", "us", "ahead", "us", "ahead/none"], floatfmt=".3f"))
     small = [r for r in rows if r["M"] <= bm.SMALL_M_MAX]
     if small:
         worst = max(small, key=lambda r: r["best_over_roofline"])
@@ -382,7 +364,7 @@ def main(argv=None) -> int:
         tiled_sweep = []
     if args.dry_run:
         shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
-        gemv_sweep = [GemvConfig(4, 256), GemvConfig(4, 256, 4, 1, 2)]
+        gemv_sweep = [GemvConfig(4, 256)]
     bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip

@@ -22,7 +22,7 @@ from fp8_fusion_pass.kernels import backends, cublas
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
-from fp8_fusion_pass.kernels.triton._gemv_kernels import GEMV_MAX_M, GemvConfig
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GEMV_MAX_M
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 from fp8_fusion_pass.kernels.triton.per_tensor_mm import per_tensor_mm
 
@@ -205,17 +205,6 @@ def test_tma_tiles_equal_pointer_tiles_bitwise_on_gpu(m, n, k, cfg):
     plain = SmallMConfig(**{**cfg.__dict__, "tma": False})
     assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg),
                        bm.run("small_m", q, xs, w_q, w_s, BF16, config=plain))  # fmt: skip
-
-
-@pytest.mark.parametrize("n, k", [(6144, 4096), (5120, 8192), (1024, 5120)])
-@pytest.mark.parametrize("m", [1, 4])
-@pytest.mark.parametrize("cfg", [GemvConfig(4, 512, 4, 1, 2), GemvConfig(8, 1024, 4, 1, 1), GemvConfig(2, 1024, 4, 1, 2)])
-def test_gemv_chunks_ahead_equal_the_plain_gemv_bitwise_on_gpu(m, n, k, cfg):
-    # Chunks loaded ahead move loads, not sums: bit for bit the GEMV without them, also when the compiler spills.
-    q, xs, w_q, w_s = make_inputs(m, n, k, device="cuda")
-    plain = GemvConfig(cfg.rows, cfg.k_chunk, cfg.warps, cfg.stages)
-    assert torch.equal(bm.run("gemv", q, xs, w_q, w_s, BF16, config=cfg),
-                       bm.run("gemv", q, xs, w_q, w_s, BF16, config=plain))  # fmt: skip
 
 
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (10240, 5120), (5120, 25600)])

@@ -13,7 +13,7 @@ from gemm_helpers import assert_close, make_inputs, oracle
 
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
-from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig, gemv_mm, gemv_mm_bf16
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig, gemv_mm
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -32,30 +32,6 @@ BF16, FP32 = torch.bfloat16, torch.float32
 def test_gemv_matches_oracle(m, n, k, config, out_dtype):
     q, xs, w, s = make_inputs(m, n, k)
     assert_close(gemv_mm(q, xs, w, s, out_dtype, config), oracle(q, xs, w, s), out_dtype, f"M={m} N={n} K={k} {config}")
-
-
-@pytest.mark.parametrize(
-    "m, n, k, rows, k_chunk, ahead, quant_a",
-    [
-        (1, 24, 640, 8, 128, 2, False),  # five chunks: the loads ahead run past the end and re-read the last one
-        (1, 24, 640, 8, 128, 1, True),
-        (3, 40, 384, 8, 256, 2, False),  # K not a multiple of the chunk: the last chunk is partial
-        (3, 40, 384, 8, 256, 1, False),
-        (4, 16, 256, 4, 512, 2, True),  # one chunk, shorter than the chunk
-        (2, 130, 1152, 2, 512, 2, True),
-    ],
-)
-def test_chunks_loaded_ahead_change_no_bit(m, n, k, rows, k_chunk, ahead, quant_a):
-    # Loading the weight chunks ahead moves loads, not sums: the output equals the GEMV without it bit for bit.
-    q, xs, w, s = make_inputs(m, n, k)
-    plain, early = GemvConfig(rows, k_chunk), GemvConfig(rows, k_chunk, 4, 1, ahead)
-    if quant_a:
-        x = torch.randn(m, k, dtype=BF16)
-        assert torch.equal(gemv_mm_bf16(x, w, s, BF16, early), gemv_mm_bf16(x, w, s, BF16, plain))
-    else:
-        got = gemv_mm(q, xs, w, s, BF16, early)
-        assert torch.equal(got, gemv_mm(q, xs, w, s, BF16, plain))
-        assert_close(got, oracle(q, xs, w, s), BF16, f"M={m} N={n} K={k} {early}")
 
 
 def test_dispatch_runs_a_gemv_table_row_and_falls_back_where_it_cannot(monkeypatch):
@@ -90,8 +66,6 @@ def test_config_is_validated():
         GemvConfig(3, 512)
     with pytest.raises(ValueError, match="powers of two"):
         GemvConfig(4, 192)
-    with pytest.raises(ValueError, match="ahead must be 0, 1 or 2"):
-        GemvConfig(4, 512, 4, 1, 3)
 
 
 def test_grouped_launch_keeps_the_small_m_kernel_where_the_merged_plan_is_the_gemv(monkeypatch):

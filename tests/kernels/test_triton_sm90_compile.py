@@ -159,11 +159,10 @@ SCRIPT = textwrap.dedent(
             **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bn", "stride_cm", "stride_asm", "stride_ask",
                                   "stride_bsn", "stride_bsk")}}
     # and the GEMV that quantizes its bf16 input itself (QUANT_A: group_quant_tile per chunk)
-    # and the weight chunks loaded ahead (AHEAD: loop-carried fp8 tiles)
-    for block_m, quant_a, ahead in ((1, False, 0), (4, False, 0), (1, True, 0), (1, False, 2), (4, True, 1)):
+    for block_m, quant_a in ((1, False), (4, False), (1, True)):
         sig = dict(GEMV, a_ptr="*bf16") if quant_a else GEMV
-        c = dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m, SCALE_BLOCK=128, AHEAD=ahead, QUANT_A=quant_a, **FP8)
-        out[f"gemv block_m={block_m} quant_a={quant_a} ahead={ahead}"] = build(gv._gemv_kernel, sig, c, 4)
+        c = dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m, SCALE_BLOCK=128, QUANT_A=quant_a, **FP8)
+        out[f"gemv block_m={block_m} quant_a={quant_a}"] = build(gv._gemv_kernel, sig, c, 4)
     # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket), and
     # rows = G (each program quantizes its own group). That one at a 128-column chunk: at 512, its two [128, 512]
     # weight tiles (no TABLE row uses them) had not compiled after 6 (Triton 3.9) / 8 (3.8) minutes of a CPU core

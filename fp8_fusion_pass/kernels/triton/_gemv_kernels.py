@@ -13,6 +13,13 @@ fp32 accumulation, per-128-K promotion; the order of the sums within a block dif
 result is within the GEMM tolerance of the others, not bitwise equal). With N = 4096 and ``rows`` 4 that is 1024
 programs, ~8 per SM, each with a few KB in flight: parallel programs, not a deep pipeline, hide the latency.
 Activation groups of 128 only (one scale per weight block); M rows are a static loop reusing the weight tile.
+
+Ruled out (probe d9fc647, withdrawn): loading the weight chunks one or two steps ahead of the one being summed
+(loop-carried fp8 tiles, 1 register byte per byte in flight, where the summed fp32 chunk costs ~12). Offline sm_90
+compiles (Triton 3.6) put the committed rows 8 x 1024 at 198 registers, 2 programs per SM, 16 KB in flight per SM
+between sums; predicted: more bytes in flight, closer to the read floor. Measured (``benchmarks/gemm.py --ms 1
+--small-only`` with 1 / 2 chunks ahead beside the plain sweep, H200, 16 shapes): the best chunks-ahead config was
+1.13-1.32x slower than the best plain one at 14 shapes and 1.00-1.03x at the two 1024-row k|v weights.
 """
 
 from __future__ import annotations
@@ -35,20 +42,17 @@ class GemvConfig:
     k_chunk: int = 1024  # K values per load step (a multiple of 128)
     warps: int = 4
     stages: int = 1  # num_stages of the K loop (Triton may pipeline its loads)
-    ahead: int = 0  # weight chunks loaded ahead of the one being summed (0, 1 or 2): module docstring
 
     def __post_init__(self):
         if self.rows < 1 or self.rows & (self.rows - 1) or self.k_chunk % SCALE_BLOCK or self.k_chunk & (
                 self.k_chunk - 1):
             raise ValueError(f"GemvConfig: rows and k_chunk must be powers of two, k_chunk >= 128; got {self}")
-        if self.ahead not in (0, 1, 2):
-            raise ValueError(f"GemvConfig: ahead must be 0, 1 or 2; got {self}")
 
 
 @triton.jit
-def _weight_raw(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK: tl.constexpr,
-                SCALE_BLOCK: tl.constexpr):  # fmt: skip
-    """Weight rows ``rn`` (int64), K values ``[k0, k0 + K_CHUNK)`` as stored (fp8), and their scales
+def _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK: tl.constexpr,
+                  SCALE_BLOCK: tl.constexpr):  # fmt: skip
+    """Weight rows ``rn`` (int64), K values ``[k0, k0 + K_CHUNK)``, in fp32, and their scales
     ``[ROWS, K_CHUNK / 128]``; K beyond the end reads 0."""
     offs_k = tl.arange(0, K_CHUNK)
     k_ok = (k0 + offs_k) < K
@@ -56,14 +60,6 @@ def _weight_raw(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_C
     kb = k0 // SCALE_BLOCK + tl.arange(0, K_CHUNK // SCALE_BLOCK)
     ws = tl.load(bs_ptr + (rn // SCALE_BLOCK)[:, None] * stride_bsn + kb[None, :] * stride_bsk,
                  mask=(kb < K // SCALE_BLOCK)[None, :], other=0.0)  # fmt: skip
-    return w, ws
-
-
-@triton.jit
-def _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK: tl.constexpr,
-                  SCALE_BLOCK: tl.constexpr):  # fmt: skip
-    """``_weight_raw`` with the weight values in fp32."""
-    w, ws = _weight_raw(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)
     return w.to(tl.float32), ws
 
 
@@ -97,21 +93,6 @@ def _chunk_dot(w, ws, x, xs, ROWS: tl.constexpr, K_CHUNK: tl.constexpr, SCALE_BL
     return tl.sum(blocks * ws * xs[None, :], 1)
 
 
-@triton.jit
-def _accumulate(acc, w, ws, a_ptr, as_ptr, M, k0, K, stride_am, stride_asm, stride_ask, ROWS: tl.constexpr,
-                K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, SCALE_BLOCK: tl.constexpr, QUANT_A: tl.constexpr,
-                fp8_dtype: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr,
-                EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
-    """``acc [ROWS, BLOCK_M]`` plus the chunk at ``k0``: the fp32 weight chunk ``w`` times each activation row."""
-    offs_m = tl.arange(0, BLOCK_M)
-    for m in tl.static_range(BLOCK_M):
-        x, xs = _x_chunk(a_ptr, as_ptr, tl.minimum(m, M - 1), k0, K, stride_am, stride_asm, stride_ask, K_CHUNK,
-                         SCALE_BLOCK, QUANT_A, fp8_dtype, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
-        part = _chunk_dot(w, ws, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)
-        acc = tl.where(offs_m[None, :] == m, acc + part[:, None], acc)
-    return acc
-
-
 # M and N vary per call: no divisibility specialization for them.
 @triton.jit(do_not_specialize=["M", "N"])
 def _gemv_kernel(
@@ -123,7 +104,6 @@ def _gemv_kernel(
     M, N, K,
     stride_am, stride_bn, stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk,
     ROWS: tl.constexpr, K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-    AHEAD: tl.constexpr,  # weight chunks loaded ahead of the one being summed (GemvConfig.ahead)
     QUANT_A: tl.constexpr,  # a_ptr is the high-precision activation, quantized here (as_ptr unused)
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,
@@ -133,33 +113,14 @@ def _gemv_kernel(
     rn = tl.minimum(rn, N - 1).to(tl.int64)  # out-of-range rows read row N - 1; their stores are masked
     offs_m = tl.arange(0, BLOCK_M)
     acc = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
-    if AHEAD == 0:
-        for k0 in range(0, K, K_CHUNK):
-            w, ws = _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK,
-                                  SCALE_BLOCK)  # fmt: skip
-            acc = _accumulate(acc, w, ws, a_ptr, as_ptr, M, k0, K, stride_am, stride_asm, stride_ask, ROWS, K_CHUNK,
-                              BLOCK_M, SCALE_BLOCK, QUANT_A, b_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ,
-                              EMULATE_CAST, PTX)  # fmt: skip
-    else:
-        # The weight chunks AHEAD steps on are loaded before this one is summed: their bytes stay in flight
-        # (fp8 in registers, 1 byte per byte) while the fp32 sum runs. At the end the last chunk is loaded
-        # again (an L1 / L2 hit, never summed): every address stays in range.
-        k_last = (tl.cdiv(K, K_CHUNK) - 1) * K_CHUNK
-        w0, ws0 = _weight_raw(b_ptr, bs_ptr, rn, 0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)
-        w1, ws1 = w0, ws0
-        if AHEAD == 2:
-            w1, ws1 = _weight_raw(b_ptr, bs_ptr, rn, tl.minimum(K_CHUNK, k_last), K, stride_bn, stride_bsn,
-                                  stride_bsk, K_CHUNK, SCALE_BLOCK)  # fmt: skip
-        for k0 in range(0, K, K_CHUNK):
-            wn, wsn = _weight_raw(b_ptr, bs_ptr, rn, tl.minimum(k0 + AHEAD * K_CHUNK, k_last), K, stride_bn,
-                                  stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)  # fmt: skip
-            acc = _accumulate(acc, w0.to(tl.float32), ws0, a_ptr, as_ptr, M, k0, K, stride_am, stride_asm,
-                              stride_ask, ROWS, K_CHUNK, BLOCK_M, SCALE_BLOCK, QUANT_A, b_ptr.dtype.element_ty,
-                              FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)  # fmt: skip
-            if AHEAD == 2:
-                w0, ws0, w1, ws1 = w1, ws1, wn, wsn
-            else:
-                w0, ws0 = wn, wsn
+    for k0 in range(0, K, K_CHUNK):
+        w, ws = _weight_chunk(b_ptr, bs_ptr, rn, k0, K, stride_bn, stride_bsn, stride_bsk, K_CHUNK, SCALE_BLOCK)
+        for m in tl.static_range(BLOCK_M):
+            x, xs = _x_chunk(a_ptr, as_ptr, tl.minimum(m, M - 1), k0, K, stride_am, stride_asm, stride_ask,
+                             K_CHUNK, SCALE_BLOCK, QUANT_A, b_ptr.dtype.element_ty, FP8_MAX, FP8_MIN_EXP, FNUZ,
+                             EMULATE_CAST, PTX)  # fmt: skip
+            part = _chunk_dot(w, ws, x, xs, ROWS, K_CHUNK, SCALE_BLOCK)
+            acc = tl.where(offs_m[None, :] == m, acc + part[:, None], acc)
     c_ptrs = c_ptr + offs_m[None, :] * stride_cm + rn[:, None]
     tl.store(c_ptrs, round_to(acc, c_ptr.dtype.element_ty, EMULATE_CAST),
              mask=rn_ok[:, None] & (offs_m < M)[None, :])  # fmt: skip
@@ -184,7 +145,7 @@ def _launch(a, a_scale, w_q, w_scale, out_dtype, config: GemvConfig, quant_a: bo
         a, w_q, out, a_scale, w_scale, m, n, k,
         a.stride(0), w_q.stride(0), out.stride(0), *a_scale.stride(), *w_scale.stride(),
         ROWS=config.rows, K_CHUNK=config.k_chunk, BLOCK_M=triton.next_power_of_2(m), SCALE_BLOCK=SCALE_BLOCK,
-        AHEAD=config.ahead, QUANT_A=quant_a, **kernel_constexprs(a.device), num_warps=config.warps, num_stages=config.stages,
+        QUANT_A=quant_a, **kernel_constexprs(a.device), num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
     return out
 

@@ -97,8 +97,6 @@ def unsupported(m: int, k: int, act_group: int, i: int, group_size: int, config:
         return f"rows {config.rows} is neither a multiple nor a divisor of the output group {group_size}"
     if i % config.rows:
         return f"rows {config.rows} must divide I={i}"
-    if config.ahead:
-        return f"the fused GEMV loads no chunk ahead (ahead {config.ahead})"
     return None
 
 
