@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fp8_fusion_pass.kernels.triton._small_m_kernels import FMA_MAX_M, SmallMConfig, split_plan
+from fp8_fusion_pass.kernels.triton._small_m_kernels import FMA_MAX_M, SmallMConfig, small_m_block_m, split_plan
 
 # (block_n, warps, stages, k_unroll, fma, tma)
 FAMILIES = [
@@ -39,12 +39,18 @@ FAMILIES = [
     (256, 8, 3, 1, False, True),
 ]
 QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9], FAMILIES[14]]
+# Idea 15: the activation rows split over programs (block_m 16 / 32 where M has more), each program reading the
+# same weight tile (an L2 hit for all but the first): more programs without split-K partials. Measured on the
+# families that won most M = 32 / 64 rows.
+ROW_SPLIT_FAMILIES = [FAMILIES[1], FAMILIES[14], FAMILIES[15], FAMILIES[16]]
+ROW_SPLITS = (16, 32)
 DRY_FAMILIES = [(32, 4, 2, 2, False, False), (32, 4, 2, 1, True, False), (32, 4, 2, 1, False, True)]
 PROGRAM_TARGETS = (132, 264, 396, 528)
 
 
-def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128) -> list[SmallMConfig]:
-    """Distinct small-M configs (effective split-K, as ``split_plan`` runs it) for one GEMM."""
+def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128, row_split=()) -> list[SmallMConfig]:
+    """Distinct small-M configs (effective split-K, as ``split_plan`` runs it) for one GEMM; ``row_split``: families
+    also timed with the rows split over programs (``ROW_SPLITS`` rows each, where M has more)."""
     k_tiles = k // block_k
     out: list[SmallMConfig] = []
     for block_n, warps, stages, unroll, fma, tma in families:
@@ -53,6 +59,11 @@ def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128) ->
         n_tiles = math.ceil(n / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), unroll)[0] for t in PROGRAM_TARGETS}
         out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma) for s in sorted(splits)]
+    for block_n, warps, stages, unroll, fma, tma in row_split:
+        for block_m in (b for b in ROW_SPLITS if b < small_m_block_m(m)):
+            tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
+            splits = {split_plan(k_tiles, max(1, round(t / tiles)), unroll)[0] for t in PROGRAM_TARGETS}
+            out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma, block_m) for s in sorted(splits)]
     return list(dict.fromkeys(out))
 
 
@@ -71,7 +82,8 @@ IDEAS = {
     "bn 128 vs 64": (lambda c: c.block_n == 128 and c.warps == 4 and c.k_unroll == 1,
                      lambda c: c.block_n == 64 and c.stages == 4 and c.k_unroll == 1),
     "fma GEMV": (lambda c: c.fma, lambda c: not c.fma),
-    "split 1": (lambda c: c.split_k == 1, lambda c: c.split_k > 1),
+    "split 1": (lambda c: c.split_k == 1 and not c.block_m, lambda c: c.split_k > 1 and not c.block_m),
+    "rows split": (lambda c: c.block_m > 0, lambda c: c.block_m == 0),
     "tma": (lambda c: c.tma, lambda c: not c.tma and not c.fma and c.k_unroll == 1),
 }  # fmt: skip
 
@@ -81,7 +93,8 @@ def idea_ratios(timed: dict[SmallMConfig, float]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, (has, base) in IDEAS.items():
         # every other idea compares pointer-loaded configs, as it did before the TMA families existed
-        pool = {c: t for c, t in timed.items() if c.reduce == "last" and (name == "tma" or not c.tma)}
+        # (the rows split is measured mostly on TMA families: against every config without it, TMA or not)
+        pool = {c: t for c, t in timed.items() if c.reduce == "last" and (name in ("tma", "rows split") or not c.tma)}
         a = [t for c, t in pool.items() if has(c)]
         b = [t for c, t in pool.items() if base(c)]
         out[name] = min(a) / min(b) if a and b else None

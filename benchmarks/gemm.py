@@ -93,6 +93,10 @@ CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 r
 REPEATS = 3  # extra calls that must reproduce a "last" split-K output bit for bit
 # The GEMV (M <= 4): rows per program x K per load step x the K loop's stages; 4 warps.
 SWEEP_GEMV = [GemvConfig(r, c, 4, s) for r in (2, 4, 8) for c in (512, 1024) for s in (1, 3)]
+# --gemv-wide: also 16 rows, 256 / 2048-value chunks and 2 / 8 warps, where a thread holds 8-128 weight values
+# of a chunk (the committed 8 x 1024 at 4 warps holds 64; 128 and up spill or leave one program per SM).
+SWEEP_GEMV_WIDE = [GemvConfig(r, c, w, s) for r in (2, 4, 8, 16) for c in (256, 512, 1024, 2048) for w in (2, 4, 8)
+                   for s in (1, 3) if 8 <= r * c // (32 * w) <= 128]  # fmt: skip
 SWEEP_TILED = [
     TiledConfig(64, 128, 8, 4, 4),
     TiledConfig(128, 128, 8, 8, 3),
@@ -194,7 +198,7 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
 
 
 def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
-              gemv_sweep=()) -> tuple[dict, str]:
+              gemv_sweep=(), row_split=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -210,7 +214,7 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     if m <= bm.SMALL_M_MAX:
         last_default = dataclasses.replace(small_default, reduce="last")
         mine = [committed.config] if committed is not None and committed.path == "small_m" else []
-        for cfg in dict.fromkeys([last_default, *mine, *sweep.candidates(n, k, m, families)]):
+        for cfg in dict.fromkeys([last_default, *mine, *sweep.candidates(n, k, m, families, row_split=row_split)]):
             small[cfg] = cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
     for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
         cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
@@ -230,6 +234,7 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
         "small_m_default_last_us": small.get(dataclasses.replace(small_default, reduce="last")),
         "small_m_best_us": sm_best, "small_m_best_config": repr(sm_cfg),
         "gemv_best_us": _best(gemv)[1], "gemv_best_config": repr(_best(gemv)[0]),
+        "gemv_us": {repr(c): v for c, v in gemv.items()},
         "best_path": path, "best_config": repr(cfg), "best_us": best, "best_over_roofline": best / roof,
         "read_floor_us": read, "best_over_read_floor": best / read,
         "cublas_over_best": cub / best if isinstance(cub, float) else None,
@@ -245,14 +250,14 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
-def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=()):
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=()):
     rows, table_rows = [], []
     floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, row_split)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -345,6 +350,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated substrings of shape names to run (e.g. qwen3-32b)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--small-only", action="store_true", help="no tiled sweep (M <= 64 runs)")
+    p.add_argument("--gemv-wide", action="store_true", help="sweep the GEMV (M <= 4) over SWEEP_GEMV_WIDE")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -359,17 +365,18 @@ def main(argv=None) -> int:
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     families, tiled_sweep = (sweep.QUICK_FAMILIES, SWEEP_TILED[:2]) if args.quick else (sweep.FAMILIES, SWEEP_TILED)
-    gemv_sweep = SWEEP_GEMV
+    gemv_sweep = SWEEP_GEMV_WIDE if args.gemv_wide else SWEEP_GEMV
+    row_split = () if args.quick else sweep.ROW_SPLIT_FAMILIES
     if args.small_only:  # the small-M paths only: M <= 64, no tiled sweep
         tiled_sweep = []
     if args.dry_run:
         shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
-        gemv_sweep = [GemvConfig(4, 256)]
+        gemv_sweep, row_split = [GemvConfig(4, 256)], sweep.DRY_FAMILIES[2:]
     bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     t0 = time.time()
-    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     if args.json:

@@ -127,6 +127,21 @@ def test_tma_tiles_equal_pointer_tiles_bitwise(m, n, k, group, config):
     assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
 
 
+@pytest.mark.parametrize("m, config", [
+    (64, SmallMConfig(64, 1, 4, 2, "last", tma=True, block_m=32)),  # two row tiles per weight tile, TMA
+    (40, SmallMConfig(64, 3, 4, 2, "last", block_m=16)),  # three row tiles (the last partial) x split 3, "last"
+    (33, SmallMConfig(32, 2, 4, 2, "kernel", tma=True, block_m=32)),  # a second row tile of one row, two launches
+    (8, SmallMConfig(64, 2, 4, 2, "last", block_m=32)),  # M below block_m: one 16-row tile, as without it
+])  # fmt: skip
+def test_rows_split_over_programs(m, config):
+    # block_m < M: several programs share a weight tile, each with its own activation rows (idea 15)
+    q, xs, w_q, w_s = make_inputs(m, 200, 640)
+    y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
+    assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
+    if config.reduce == "last" and config.split_k > 1:
+        assert int(smk._counters[q.device].abs().sum()) == 0  # the row tiles' counters are reset too
+
+
 def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
     # A base off 16 bytes, or several weights in one launch: the pointer loads run, with the same result.
     q, xs, w_q, w_s = make_inputs(5, 256, 512)
@@ -198,6 +213,10 @@ def test_small_m_config_rules():
         SmallMConfig(reduce="atomic")
     with pytest.raises(ValueError, match="power of two"):
         SmallMConfig(block_n=48)
+    with pytest.raises(ValueError, match="block_m"):
+        SmallMConfig(block_m=8)
+    with pytest.raises(ValueError, match="block_m"):
+        SmallMConfig(block_m=16, fma=True)
     q, xs, w_q, w_s = make_inputs(5, 128, 256)
     with pytest.raises(ValueError, match="M <= 4"):
         bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(fma=True))

@@ -220,6 +220,24 @@ def test_small_m_variants_match_oracle(m, n, k):
         _check("small-M variant", f"small_m {cfg}", y, want, BF16, m, n, k)
 
 
+@pytest.mark.parametrize("n, k", [(6144, 4096), (5120, 8192)])
+@pytest.mark.parametrize("m, cfg", [
+    (64, SmallMConfig(64, 1, 4, 4, "last", tma=True, block_m=32)),
+    (64, SmallMConfig(64, 2, 4, 4, "last", tma=True, block_m=16)),
+    (40, SmallMConfig(128, 1, 4, 4, "last", tma=True, block_m=16)),  # the last row tile of 8 rows
+    (64, SmallMConfig(64, 3, 4, 4, "kernel", block_m=32)),
+])  # fmt: skip
+def test_rows_split_over_programs_matches_oracle(m, cfg, n, k):
+    # Idea 15: programs sharing a weight tile, each with its own activation rows; the same sums as one program
+    # holding all rows (the MMA's N differs, so bit equality is not promised: checked, and printed, beside it).
+    w_q, w_s, w32 = _weights(n, k)
+    q, xs = _activations(m, k)
+    y = bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg)
+    _check("rows split", f"small_m {cfg}", y, ref.dequant_activation(q, xs) @ w32.t(), BF16, m, n, k)
+    whole = bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(**{**cfg.__dict__, "block_m": 0}))
+    print(f"rows split {cfg} M={m} N={n} K={k}: bit for bit the whole-rows launch: {torch.equal(y, whole)}")
+
+
 @pytest.mark.parametrize("m, n, k, cfg", [
     (16, 6144, 4096, SmallMConfig(32, 8, 4, 4)),  # 192 N tiles x 8 splits: 1536 programs racing for tickets
     (100, 4096, 14336, SmallMConfig(64, 7, 4, 4)),  # two 64-row tiles

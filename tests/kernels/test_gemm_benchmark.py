@@ -58,6 +58,17 @@ def test_sweep_candidates(n, k, m):
     assert families == {f for f in sweep.FAMILIES if m <= FMA_MAX_M or not f[4]}
 
 
+@pytest.mark.parametrize("m, block_ms", [(16, set()), (32, {16}), (64, {16, 32})])
+def test_sweep_candidates_with_the_rows_split(m, block_ms):
+    import _gemm_sweep as sweep
+
+    cands = sweep.candidates(6144, 4096, m, row_split=sweep.ROW_SPLIT_FAMILIES)
+    assert {c.block_m for c in cands} == {0} | block_ms
+    split = [c for c in cands if c.block_m]
+    assert len(cands) == len(set(cands)) and all(split_plan(32, c.split_k, 1)[0] == c.split_k for c in split)
+    assert {(c.block_n, c.warps, c.stages, c.k_unroll, c.fma, c.tma) for c in split} <= set(sweep.ROW_SPLIT_FAMILIES)
+
+
 def test_idea_ratios():
     import _gemm_sweep as sweep
 

@@ -48,6 +48,7 @@ def _oracle(q, xs, ws, ss):
         (1, (192, 40, 96), 512, SmallMConfig(64, 4, 4, 2, "kernel")),  # partial tiles and weight blocks
         (17, (64, 200, 32), 256, SmallMConfig(128, 2, 4, 2, "last")),  # groups smaller than one tile
         (3, (64, 128, 32), 512, SmallMConfig(32, 3, 4, 2, "last", k_unroll=2)),  # 4 K tiles: splits of 2
+        (40, (128, 64, 64), 256, SmallMConfig(64, 2, 4, 2, "last", block_m=16)),  # rows split: 3 row tiles
     ],
 )
 def test_grouped_matches_oracle_and_separate_launches(m, ns, k, config):

@@ -163,6 +163,9 @@ SCRIPT = textwrap.dedent(
         sig = dict(GEMV, a_ptr="*bf16") if quant_a else GEMV
         c = dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m, SCALE_BLOCK=128, QUANT_A=quant_a, **FP8)
         out[f"gemv block_m={block_m} quant_a={quant_a}"] = build(gv._gemv_kernel, sig, c, 4)
+    # most M = 1 TABLE rows: 4 rows x 2048 values on 2 warps (blockscale_mm.py, GEMV_WIDE)
+    c = dict(ROWS=4, K_CHUNK=2048, BLOCK_M=1, SCALE_BLOCK=128, QUANT_A=False, **FP8)
+    out["gemv rows=4 k_chunk=2048 warps=2"] = build(gv._gemv_kernel, GEMV, c, 2)
     # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket), and
     # rows = G (each program quantizes its own group). That one at a 128-column chunk: at 512, its two [128, 512]
     # weight tiles (no TABLE row uses them) had not compiled after 6 (Triton 3.9) / 8 (3.8) minutes of a CPU core
@@ -229,7 +232,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 49, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
+    assert len(result) == 50, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -14,6 +14,15 @@ result is within the GEMM tolerance of the others, not bitwise equal). With N = 
 programs, ~8 per SM, each with a few KB in flight: parallel programs, not a deep pipeline, hide the latency.
 Activation groups of 128 only (one scale per weight block); M rows are a static loop reusing the weight tile.
 
+Configs: the first sweep (``benchmarks/gemm.py``'s ``SWEEP_GEMV``: 2-8 rows, 512 / 1024-value chunks, 4 warps)
+chose 8 x 1024 or 8 x 512 on most shapes. The wide sweep (``--gemv-wide``, 80 configs with 2 / 8 warps, 256 /
+2048-value chunks and 16 rows; H200, 2026-12-03) found 4 rows x 2048 values on 2 warps best on most shapes,
+2-22% faster than those rows, within 0.89-1.04x a plain read of the weight at M = 1 (``blockscale_mm.TABLE``,
+GEMV_WIDE). Why, by offline sm_90 compiles (Triton 3.6, ``cuobjdump -res-usage``): 4 x 2048 on 2 warps takes 206
+registers per thread, so 4 programs fit per SM by registers, each with an 8 KB chunk in flight: 32 KB per SM,
+where 8 x 1024 on 4 warps (198 registers, 2 programs) kept 16 KB. The bytes in flight per SM, set by registers
+per program, are what the streaming read needed (not profiled beyond that).
+
 Ruled out (probe d9fc647, withdrawn): loading the weight chunks one or two steps ahead of the one being summed
 (loop-carried fp8 tiles, 1 register byte per byte in flight, where the summed fp32 chunk costs ~12). Offline sm_90
 compiles (Triton 3.6) put the committed rows 8 x 1024 at 198 registers, 2 programs per SM, 16 KB in flight per SM

@@ -107,6 +107,14 @@ Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_
     1-2 warp launches 1.01-1.57x slower than the 4-warp ones at every point; the one-at-a-time sum at the TABLE's
     families 0.984-1.0x the committed rows re-timed in the same run, the spread two identical configs showed
     (0.986-0.998x): no effect. Occupancy is not what holds these launches back. Withdrawn.
+15. The activation rows split over programs (``block_m`` 16 / 32 where M has more; 2026-12-03): at M = 64 the
+    qkv row ran 96 programs (6144 / 64 weight tiles, split 1) on 132 SMs, and split-K, the other way to more
+    programs, adds partials and their sum. Here the programs of one weight tile each take a share of the rows and
+    read the same weight tile (from L2 after the first). Predicted: faster where split 1 had won at M = 64.
+    Measured (``gemm.py --ms 32,64 --small-only``, 32 points, the "rows split" idea column): 0.83-0.84x at the
+    1024-row k|v weights at M = 64 (7.94 -> 6.58 us), 0.96x at Qwen3-8B qkv M = 64 (14.85 -> 14.19), 0.97-0.98x
+    at the k|v at M = 32; 1.0-1.07x at o, down, q_proj, and 1.2-1.9x slower on the wide gate_up weights (not
+    profiled). Four TABLE rows took it.
 Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.7-2.7x, the 4 MB k|v
 5-7x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
 0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes
@@ -153,6 +161,7 @@ class SmallMConfig:
     k_unroll: int = 1  # K tiles per loop iteration: 1 or 2 (``_k_loop`` carries that many tiles' scales ahead)
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
     tma: bool = False  # operand tiles by TMA (idea 13); launches it cannot take run the same kernel without it
+    block_m: int = 0  # activation rows per program (16, 32 or 64; idea 15); 0: all of M up to 64 (small_m_block_m)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
@@ -167,6 +176,8 @@ class SmallMConfig:
             raise ValueError("SmallMConfig: tma loads tiles for the tensor cores; fma has none")
         if self.split_k < 1 or self.stages < 1:
             raise ValueError(f"SmallMConfig: split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
+        if self.block_m not in (0, 16, 32, 64) or (self.block_m and self.fma):
+            raise ValueError(f"SmallMConfig.block_m must be 0, or 16, 32 or 64 for the tensor cores, got {self}")
 
 
 @triton.jit
@@ -449,10 +460,12 @@ def default_small_m_config(n: int, k: int, block_k: int = SCALE_BLOCK, a: _arch.
     return SmallMConfig(block_n=block_n, split_k=split, warps=4, stages=2 if a is not None and a.is_rocm else 4)
 
 
-def small_m_block_m(m: int, fma: bool = False) -> int:
+def small_m_block_m(m: int, fma: bool = False, cap: int = 0) -> int:
     """Activation rows per program: the next power of two; with tensor cores at least 16 (the smallest MMA
-    operand) and at most 64."""
-    return triton.next_power_of_2(m) if fma else min(64, max(16, triton.next_power_of_2(m)))
+    operand) and at most 64, or at most ``cap`` (``SmallMConfig.block_m``) where one is given."""
+    if fma:
+        return triton.next_power_of_2(m)
+    return min(cap or 64, max(16, triton.next_power_of_2(m)))
 
 
 def split_plan(k_tiles: int, split_k: int, k_unroll: int) -> tuple[int, int, int]:
@@ -540,7 +553,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
     if cfg.fma and m > FMA_MAX_M:
         raise ValueError(f"small-M GEMV (fma) takes M <= {FMA_MAX_M}, got M={m}")
     split, per_split, unroll = split_plan(k // block_k, cfg.split_k, cfg.k_unroll)
-    block_m = small_m_block_m(m, cfg.fma)
+    block_m = small_m_block_m(m, cfg.fma, cfg.block_m)
     grid = (sum(triton.cdiv(w.shape[0], cfg.block_n) for w, _ in groups), split, triton.cdiv(m, block_m))
     mode = 0 if split == 1 else 2 if cfg.reduce == "last" else 1
     counters = tile_counters(a.device, grid[0] * grid[2]) if mode == 2 else None

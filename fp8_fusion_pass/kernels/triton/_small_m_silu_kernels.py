@@ -283,7 +283,7 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
     group_k = k // x_scale.shape[1]
     block_k = promotion_block(group_k)
     split, per_split, unroll = split_plan(k // block_k, config.split_k, config.k_unroll)
-    block_m = small_m_block_m(m)
+    block_m = small_m_block_m(m, cap=config.block_m)
     grid = (triton.cdiv(i, config.block_n), split, triton.cdiv(m, block_m))
     group_tiles = max(1, group_size // config.block_n)
     tiles = grid[0] * grid[2]

@@ -58,6 +58,13 @@ class Choice:
 # (arch name, M bucket, N, K) -> Choice, from ``benchmarks/gemm.py`` (see the module docstring).
 # fmt: off
 TABLE: dict[tuple[str, int, int, int], Choice] = {
+    # GEMV_WIDE: every M = 1 row was re-measured 2026-12-03 (same GPU and versions, copy 4.28 TB/s) by
+    # `python benchmarks/gemm.py --ms 1 --small-only --gemv-wide` on the tree of this row's commit: the GEMV swept
+    # over 2 / 8 warps, 256 / 2048-value chunks and 16 rows too (80 configs, SWEEP_GEMV_WIDE). It won all 16
+    # shapes, the three down projections too (from the TMA small-M rows below), by 2-22% over the committed rows
+    # re-timed in the same run (Qwen3-32B o 14.25 -> 12.77 us, Qwen3-8B o 7.24 -> 6.46, k|v 4.68 -> 3.66); most
+    # winners hold 4 rows x 2048 values on 2 warps. Each is now within 0.89-1.04x a plain read of its bytes (the
+    # 1024-row k|v 1.24-1.29x). The DOWN_M1 paragraph below tells the rows those replaced.
     # DOWN_M1: the three down projections' M = 1 / 4 rows were re-measured 2026-12-03 (same GPU and versions, copy
     # 4.25 TB/s) by `python benchmarks/gemm.py --ms 1,4 --only down --small-only` on the tree of commit 6fa7570:
     # the TMA family (measured at M >= 16 until then) took M = 1 from 16.9 / 19.3 / 37.6 us to 16.1 / 17.9 / 34.5
@@ -70,80 +77,85 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     # among the candidates: it won at M = 1 on 13 of 16 shapes (all but the three down projections), by 1-14%;
     # at M = 4 it was 1.7-2.3x slower than the small-M GEMM (its CUDA-core multiply-adds grow with M), which
     # keeps those rows.
-    # 9.1 us = 1.54x roofline; cuBLAS 19.4 us, bf16 14.9 us
-    ("sm90", 1, 6144, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # GEMV_WIDE: 8.7 us = 1.48x roofline; cuBLAS 19.4 us, bf16 15.0 us
+    ("sm90", 1, 6144, 4096): Choice("gemv", GemvConfig(4, 2048, 4, 1)),
     # 10.4 us = 1.76x roofline; cuBLAS 16.2 us, bf16 16.1 us
     ("sm90", 4, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
-    # 7.3 us = 1.85x roofline; cuBLAS 19.4 us, bf16 12.6 us
-    ("sm90", 1, 4096, 4096): Choice("gemv", GemvConfig(4, 1024, 4, 1)),
+    # GEMV_WIDE: 6.5 us = 1.65x roofline; cuBLAS 19.2 us, bf16 12.5 us
+    ("sm90", 1, 4096, 4096): Choice("gemv", GemvConfig(4, 2048, 2, 1)),
     # 8.3 us = 2.11x roofline; cuBLAS 15.6 us, bf16 13.1 us
     ("sm90", 4, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False)),
-    # 26.6 us = 1.13x roofline; cuBLAS 37.4 us, bf16 49.6 us
-    ("sm90", 1, 24576, 4096): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # GEMV_WIDE: 25.2 us = 1.07x roofline; cuBLAS 38.6 us, bf16 49.6 us
+    ("sm90", 1, 24576, 4096): Choice("gemv", GemvConfig(4, 2048, 2, 1)),
     # 27.9 us = 1.18x roofline; cuBLAS 35.3 us, bf16 49.9 us
     ("sm90", 4, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
-    # 16.1 us = 1.36x roofline; cuBLAS 30.1 us, bf16 28.7 us (the TMA family; DOWN_M1 above)
-    ("sm90", 1, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
+    # GEMV_WIDE: 14.7 us = 1.25x roofline; cuBLAS 30.5 us, bf16 29.7 us
+    ("sm90", 1, 4096, 12288): Choice("gemv", GemvConfig(4, 2048, 2, 1)),
     # 16.1 us = 1.36x roofline; cuBLAS 25.3 us, bf16 29.5 us (DOWN_M1 above)
     ("sm90", 4, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 2, False, False)),
-    # 30.8 us = 1.12x roofline; cuBLAS 48.8 us, bf16 61.2 us
-    ("sm90", 1, 28672, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # GEMV_WIDE: 28.9 us = 1.05x roofline; cuBLAS 42.1 us, bf16 56.3 us
+    ("sm90", 1, 28672, 4096): Choice("gemv", GemvConfig(4, 2048, 2, 1)),
     # 31.4 us = 1.14x roofline; cuBLAS 38.4 us, bf16 56.8 us
     ("sm90", 4, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False)),
-    # 17.9 us = 1.30x roofline; cuBLAS 31.8 us, bf16 31.2 us (DOWN_M1 above)
-    ("sm90", 1, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
+    # GEMV_WIDE: 16.7 us = 1.22x roofline; cuBLAS 31.7 us, bf16 31.8 us
+    ("sm90", 1, 4096, 14336): Choice("gemv", GemvConfig(4, 2048, 2, 1)),
     # 18.2 us = 1.31x roofline; cuBLAS 28.5 us, bf16 31.6 us (DOWN_M1 above)
     ("sm90", 4, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
-    # 15.8 us = 1.29x roofline; cuBLAS 24.0 us, bf16 27.9 us
-    ("sm90", 1, 10240, 5120): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # GEMV_WIDE: 15.2 us = 1.24x roofline; cuBLAS 24.1 us, bf16 27.7 us
+    ("sm90", 1, 10240, 5120): Choice("gemv", GemvConfig(16, 1024, 4, 3)),
     # 17.3 us = 1.41x roofline; cuBLAS 20.2 us, bf16 28.4 us
     ("sm90", 4, 10240, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False)),
-    # 14.4 us = 1.46x roofline; cuBLAS 25.0 us, bf16 26.1 us
-    ("sm90", 1, 5120, 8192): Choice("gemv", GemvConfig(8, 1024, 4, 1)),
+    # GEMV_WIDE: 12.8 us = 1.30x roofline; cuBLAS 24.7 us, bf16 26.1 us
+    ("sm90", 1, 5120, 8192): Choice("gemv", GemvConfig(4, 2048, 2, 3)),
     # 14.7 us = 1.49x roofline; cuBLAS 22.0 us, bf16 26.7 us
     ("sm90", 4, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
-    # 64.5 us = 1.05x roofline; cuBLAS 88.7 us, bf16 133.2 us
-    ("sm90", 1, 51200, 5120): Choice("gemv", GemvConfig(8, 1024, 4, 1)),
+    # GEMV_WIDE: 62.2 us = 1.01x roofline; cuBLAS 78.9 us, bf16 133.7 us
+    ("sm90", 1, 51200, 5120): Choice("gemv", GemvConfig(16, 1024, 4, 1)),
     # 67.5 us = 1.10x roofline; cuBLAS 86.4 us, bf16 134.8 us
     ("sm90", 4, 51200, 5120): Choice("small_m", SmallMConfig(256, 1, 8, 3, 'last', 1, False)),
-    # 34.5 us = 1.12x roofline; cuBLAS 49.5 us, bf16 67.3 us (DOWN_M1 above)
-    ("sm90", 1, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False, True)),
+    # GEMV_WIDE: 34.2 us = 1.12x roofline; cuBLAS 50.3 us, bf16 73.3 us
+    ("sm90", 1, 5120, 25600): Choice("gemv", GemvConfig(4, 2048, 2, 3)),
     # 34.2 us = 1.11x roofline; cuBLAS 46.3 us, bf16 68.0 us (DOWN_M1 above)
     ("sm90", 4, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 2, False, False)),
-    # 4.9 us = 4.94x roofline; cuBLAS 18.7 us, bf16 7.9 us
-    ("sm90", 1, 1024, 4096): Choice("gemv", GemvConfig(2, 1024, 4, 1)),
+    # GEMV_WIDE: 3.7 us = 3.73x roofline; cuBLAS 18.9 us, bf16 7.6 us
+    ("sm90", 1, 1024, 4096): Choice("gemv", GemvConfig(2, 2048, 4, 1)),
     # 5.5 us = 5.62x roofline; cuBLAS 15.4 us, bf16 7.9 us
     ("sm90", 4, 1024, 4096): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
-    # 15.2 us = 1.29x roofline; cuBLAS 24.1 us, bf16 27.7 us
-    ("sm90", 1, 12288, 4096): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # GEMV_WIDE: 14.3 us = 1.21x roofline; cuBLAS 24.3 us, bf16 27.6 us
+    ("sm90", 1, 12288, 4096): Choice("gemv", GemvConfig(8, 1024, 2, 3)),
     # 16.8 us = 1.42x roofline; cuBLAS 20.1 us, bf16 28.3 us
     ("sm90", 4, 12288, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False)),
-    # 17.0 us = 1.24x roofline; cuBLAS 25.3 us, bf16 30.4 us
-    ("sm90", 1, 14336, 4096): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # GEMV_WIDE: 15.9 us = 1.16x roofline; cuBLAS 25.3 us, bf16 31.7 us
+    ("sm90", 1, 14336, 4096): Choice("gemv", GemvConfig(4, 2048, 2, 3)),
     # 18.8 us = 1.36x roofline; cuBLAS 20.6 us, bf16 30.1 us
     ("sm90", 4, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False)),
-    # 13.8 us = 1.41x roofline; cuBLAS 23.1 us, bf16 22.6 us
-    ("sm90", 1, 8192, 5120): Choice("gemv", GemvConfig(8, 512, 4, 1)),
+    # GEMV_WIDE: 12.6 us = 1.28x roofline; cuBLAS 22.7 us, bf16 22.8 us
+    ("sm90", 1, 8192, 5120): Choice("gemv", GemvConfig(4, 1024, 2, 3)),
     # 14.4 us = 1.46x roofline; cuBLAS 19.7 us, bf16 22.6 us
     ("sm90", 4, 8192, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False)),
-    # 5.6 us = 4.59x roofline; cuBLAS 21.6 us, bf16 8.1 us
-    ("sm90", 1, 1024, 5120): Choice("gemv", GemvConfig(2, 1024, 4, 1)),
+    # GEMV_WIDE: 4.7 us = 3.79x roofline; cuBLAS 21.4 us, bf16 8.3 us
+    ("sm90", 1, 1024, 5120): Choice("gemv", GemvConfig(2, 2048, 4, 1)),
     # 6.0 us = 4.90x roofline; cuBLAS 18.5 us, bf16 8.2 us
     ("sm90", 4, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False)),
-    # 34.8 us = 1.13x roofline; cuBLAS 46.2 us, bf16 68.3 us
-    ("sm90", 1, 25600, 5120): Choice("gemv", GemvConfig(8, 1024, 4, 3)),
+    # GEMV_WIDE: 33.2 us = 1.08x roofline; cuBLAS 44.1 us, bf16 68.2 us
+    ("sm90", 1, 25600, 5120): Choice("gemv", GemvConfig(4, 1024, 2, 3)),
     # 35.4 us = 1.15x roofline; cuBLAS 42.3 us, bf16 68.5 us
     ("sm90", 4, 25600, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False)),
     # M buckets 16, 32, 64: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0) by
     # `python benchmarks/gemm.py --ms 16,32,64 --small-only` (the merged engine shapes and the HF form's separate
     # q / k / v / gate / up shapes), with the scales loaded a tile ahead and the TMA families (the config's last
     # field; _small_m_kernels.py ideas 12, 13); each comment is the measured time of the chosen config.
+    # Idea 15 (the activation rows split over programs, SmallMConfig.block_m; 2026-12-03, same GPU and versions,
+    # `python benchmarks/gemm.py --ms 32,64 --small-only` on the tree of this row's commit) took the four rows
+    # marked so, where its config beat the committed row re-timed in the same run by more than 3%: Qwen3-8B qkv at
+    # M = 64 (14.85 -> 14.19 us), the k|v weights at M = 64 (7.94 -> 6.58, 8.84 -> 7.33) and Qwen3-8B's at M = 32
+    # (6.22 -> 6.01). Elsewhere the rows stay (the run's best within 0.97-1.0x of them).
     # 10.4 us = 1.74x roofline; cuBLAS 15.5 us, bf16 15.3 us
     ("sm90", 16, 6144, 4096): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
     # 11.5 us = 1.92x roofline; cuBLAS 16.2 us, bf16 16.1 us
     ("sm90", 32, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 3, 'last', 1, False, True)),
-    # 14.4 us = 2.35x roofline; cuBLAS 16.5 us, bf16 16.0 us
-    ("sm90", 64, 6144, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # idea 15 (rows split, 2026-12-03, above): 14.2 us = 2.31x roofline; cuBLAS 16.5 us, bf16 16.1 us
+    ("sm90", 64, 6144, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True, 32)),
     # 8.4 us = 2.11x roofline; cuBLAS 16.5 us, bf16 12.7 us
     ("sm90", 16, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, False)),
     # 9.2 us = 2.29x roofline; cuBLAS 15.9 us, bf16 13.8 us
@@ -200,10 +212,10 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 64, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
     # 5.6 us = 5.63x roofline; cuBLAS 15.8 us, bf16 7.9 us
     ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 6, 'last', 1, False, False)),
-    # 6.2 us = 6.07x roofline; cuBLAS 15.6 us, bf16 8.2 us
-    ("sm90", 32, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'last', 1, False, False)),
-    # 7.9 us = 7.37x roofline; cuBLAS 15.8 us, bf16 8.4 us
-    ("sm90", 64, 1024, 4096): Choice("small_m", SmallMConfig(32, 4, 4, 4, 'last', 1, False, False)),
+    # idea 15 (rows split, 2026-12-03, above): 6.0 us = 5.85x roofline; cuBLAS 15.7 us, bf16 7.9 us
+    ("sm90", 32, 1024, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, False, 16)),
+    # idea 15 (rows split, 2026-12-03, above): 6.6 us = 6.12x roofline; cuBLAS 15.9 us, bf16 7.4 us
+    ("sm90", 64, 1024, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, False, 32)),
     # 15.4 us = 1.29x roofline; cuBLAS 21.4 us, bf16 28.1 us
     ("sm90", 16, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
     # 16.0 us = 1.33x roofline; cuBLAS 21.8 us, bf16 28.7 us
@@ -226,8 +238,8 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 16, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False, False)),
     # 6.6 us = 5.15x roofline; cuBLAS 18.3 us, bf16 8.5 us
     ("sm90", 32, 1024, 5120): Choice("small_m", SmallMConfig(64, 8, 4, 4, 'last', 1, False, False)),
-    # 8.6 us = 6.44x roofline; cuBLAS 18.5 us, bf16 8.8 us
-    ("sm90", 64, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False, False)),
+    # idea 15 (rows split, 2026-12-03, above): 7.3 us = 5.49x roofline; cuBLAS 18.7 us, bf16 8.9 us
+    ("sm90", 64, 1024, 5120): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, False, 32)),
     # 34.5 us = 1.12x roofline; cuBLAS 43.9 us, bf16 69.9 us
     ("sm90", 16, 25600, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
     # 36.2 us = 1.16x roofline; cuBLAS 44.0 us, bf16 68.8 us
@@ -252,6 +264,10 @@ SMALL_M_BEST: dict[tuple[str, int, int, int], SmallMConfig] = {
     ("sm90", 1, 8192, 5120): SmallMConfig(128, 4, 4, 4, 'last', 1, False),  # 14.68 us
     ("sm90", 1, 1024, 5120): SmallMConfig(32, 8, 4, 4, 'last', 1, False),  # 6.03 us
     ("sm90", 1, 25600, 5120): SmallMConfig(128, 1, 8, 4, 'last', 1, False),  # 35.32 us
+    # the down projections' TMA rows of DOWN_M1 (TABLE's until GEMV_WIDE)
+    ("sm90", 1, 4096, 12288): SmallMConfig(64, 4, 4, 6, 'last', 1, False, True),  # 16.1 us
+    ("sm90", 1, 4096, 14336): SmallMConfig(64, 4, 4, 6, 'last', 1, False, True),  # 17.9 us
+    ("sm90", 1, 5120, 25600): SmallMConfig(64, 3, 4, 6, 'last', 1, False, True),  # 34.5 us
 }
 # fmt: on
 
