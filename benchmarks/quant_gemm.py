@@ -49,8 +49,9 @@ DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6
 MARGIN = 0.02  # the fused launch must beat the pair by more than this (run-to-run noise ~2%)
 G = 128
-# --sweep: (rows, k_chunk, warps, stages). More rows per program quantize the activation fewer times in all.
-SWEEP = [(r, c, 4, st) for r in (4, 8, 16, 32) for c in (512, 1024, 2048) for st in (1, 3)]
+# --sweep: (rows, k_chunk, warps, stages). More rows per program quantize the activation fewer times in all;
+# 2 warps: the plain GEMV's best at one row on most shapes (blockscale_mm.TABLE, GEMV_WIDE).
+SWEEP = [(r, c, w, st) for r in (4, 8, 16, 32) for c in (512, 1024, 2048) for w in (2, 4) for st in (1, 3)]
 
 
 def log(msg: str) -> None:
