@@ -1,5 +1,5 @@
 """The small-M GEMM sweep of ``benchmarks/gemm.py``: which configs it times per (N, K, M), and what each tuning
-idea of ``_small_m_kernels.py`` gave (the ratio of the best time with the idea to the best time without it).
+idea of ``docs/small_m_tuning.md`` gave (the ratio of the best time with the idea to the best time without it).
 
 Compile-time families (block_n, warps, stages, k_unroll, fma, tma) x split-K (a runtime argument, so free to sweep):
 each family gets the splits that give about 132, 264, 396 and 528 programs (1 to 4 per SM of an H200; a

@@ -305,7 +305,7 @@ def print_report(rows, table_rows) -> None:
         print(f"M <= {bm.SMALL_M_MAX}: worst best/read floor {worst['best_over_read_floor']:.2f}x at {worst['shape']} "
               f"M={worst['M']}; rows over 1.5x the read floor: "
               f"{sum(r['best_over_read_floor'] > 1.5 for r in small)} of {len(small)}")  # fmt: skip
-        print("\nTuning ideas (_small_m_kernels.py notes): time with / time without, < 1 = the idea helps")
+        print("\nTuning ideas (docs/small_m_tuning.md): time with / time without, < 1 = the idea helps")
         ideas = list(sweep.IDEAS)
         print(
             tabulate(
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
         tiled_sweep = []
     if args.dry_run:
         shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
-        gemv_sweep, row_split = [GemvConfig(4, 256)], sweep.DRY_FAMILIES[2:]
+        gemv_sweep = [GemvConfig(4, 256)]  # (M = 1 / 65: no M where the rows split applies)
     bw = copy_bandwidth(args.dry_run)
     log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip

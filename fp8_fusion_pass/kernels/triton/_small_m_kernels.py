@@ -30,99 +30,8 @@ two streams* could take each other's tickets. Launches on one stream (CUDA graph
 The buffer is allocated by the first eager call; a call made while a CUDA graph is being captured before that,
 or with more tiles than ``COUNTER_SLOTS``, uses "kernel" instead (same result).
 
-Notes: each idea's prediction, then the measurement (``benchmarks/gemm.py``, H200, CUDA-graph medians).
-First round (2026-11-29, "kernel" reduce only): qkv 6144x4096 M=1 11.6 us = 1.97x roofline, M=64 15.5 us = 2.53x;
-Qwen3-32B down 5120x25600 M=1 38.7 us = 1.27x, M=64 49.5 us = 1.59x; best block_n 64/128, split 3-4, 4 warps,
-4 stages.
-1. reduce "last" vs "kernel": saves the second launch and its graph gap, predicted -2 to -3 us wherever split > 1
-   (qkv M=1 11.6 -> ~9 us; 32B down M=1 38.7 -> ~36.5 us). Measured (2026-12-01, 48 points, with / without at
-   the best config): 0.75-1.07x; it helps where split > 1 at M <= 16 (qkv M=1 0.91x, o M=1 0.89x, k|v M=16
-   0.75x), is neutral at split 1 (gate_up) and up to 1.07x slower at M = 64. Smaller than predicted: ~1 us.
-2. k_unroll 2 (two scale groups per iteration, 16 KB of weight per stage at block_n 64): twice the bytes in
-   flight per stage, half the loop-carried waits; predicted <= 5% (the 4-stage pipeline already keeps 24 KB in
-   flight per program, about what an SM needs at 32 GB/s per SM x ~0.8 us latency). Measured: 0.96-1.38x,
-   slower at almost every point.
-3. stages 6 vs 4: predicted +-3% (round 1: 4 won). warps 8: only helps block_n >= 128. Measured: stages 6
-   0.86-1.42x, warps 8 0.83-1.34x; each wins some shapes, which the TABLE rows record.
-4. block_n 128 / 256 at M = 32..64: every N tile re-reads the activation (64 x 4096 = 256 KB at M=64, 96 tiles:
-   25 MB of L2 reads, as much as the weight); 128 / 256 halves / quarters that. Predicted qkv M=64 15.5 -> ~12 us.
-   Measured: 256 is slower at 47 of 48 points (0.95-4.8x); 128 vs 64 is mixed (0.70-1.42x). Prediction wrong.
-5. fma GEMV (M <= 4) vs ``tl.dot`` padded to 16 rows: the MMA's wasted work is free at this intensity; the GEMV
-   saves the shared-memory round trip but Triton may not pipeline loads that feed no dot, so latency is hidden
-   by occupancy only. Predicted within +-10% at M=1, slower at M=4 (4x the fp32 work). Measured: 1.7-5.6x slower
-   at every point: not used.
-6. bf16 input quantized inside (``small_m_mm_bf16``): every N tile re-quantizes its K slice of the rows (96x
-   redundant at qkv, ~40 ALU ops per value) and reads 2-byte values; predicted +0.3-1 us over the fp8-input
-   GEMM at M <= 16, so never faster than a fused norm+quant feeding the fp8 GEMM (no "worth it" entry on H200),
-   but faster than group_quant + GEMM by that launch (~2-3 us) where the producer cannot fuse the quant
-   (o_proj after attention). Measured (it compiles on Triton 3.6 since ``_x_tile`` has one return): never
-   faster than the fp8-input GEMM (1.02-3.66x); faster than group_quant + GEMM at 11 of 48 points, by at most
-   11% (k|v M=1) and by 2% for o_proj at M=16. So the NVIDIA "worth it" table stays empty and no rewrite of
-   quant + GEMM into it is worth a pattern.
-7. Persistent grid (132 x k programs looping over tiles): here it is the same as choosing split so that the
-   launch has ~132 x k programs, which the sweep does (targets 132, 264, 396, 528); not built. 16-byte loads: the
-   loads are already 16 B (K % 16 == 0 is specialized), nothing to gain. The whole activation block in shared
-   memory: Triton gives no explicit shared memory, and at M <= 16 the x tile is 2 KB against 8 KB of weight.
-8. The last program's sum loads four partials before adding them (one L2 round trip per four splits, not per
-   split): predicted -0.5 to -1 us at split 4 on the tile that finishes last. Not measured separately.
-9. Default split aims at 396 programs (was 264): reproduces round 1's best splits, predicted qkv M=1 13.5 ->
-   11.6 us and 32B down M=16 41.4 -> 39.1 us with the two-launch sum. Measured in round 1 (the TABLE's M = 4 / 32
-   rows); the 2026-12-01 sweep's winners launched 96-400 programs (median 256) per row block.
-10. PDL (``benchmarks/pdl.py``, H200, torch 2.11, Triton 3.6, TABLE configs, Qwen3-8B qkv / o / gate_up / down
-    at M = 1, 16, 64; medians, ~5% apart between runs): predicted -1 to -2 us per GEMM (the launch and
-    ramp hidden behind the previous kernel). Measured, as first built (the whole K slab prefetched, the trigger
-    right after the wait): slower everywhere, the GEMM alone 1.03-1.61x and norm / silu quant -> GEMM 1.06-1.47x
-    (likely, not profiled: 25-100 MB prefetched while the previous kernel streams its own thrash the 50 MB L2).
-    Prefetching 2 or 4 tiles per row instead: the same as no prefetch (+-3%), but back to back the GEMM was still
-    1.1-1.3x slower at M <= 16 (likely: the next grid's programs resident early, spinning in their wait). Triggering
-    after the loop (two runs, 2 tiles prefetched): the GEMM alone 0.93-1.05x (o M=64 1.22x); quant -> GEMM
-    0.88-0.89x at qkv / o M=1 (-1.2 to -1.5 us), 0.90x qkv M=64, 0.96-0.99x gate_up, 0.92x down M=64, but
-    1.07-1.11x down M <= 16 and 1.19x o M=64. The prefetch itself was within noise of none. Off by default.
-11. The 256-row tile at M < 16 (the sweep had skipped it there): predicted no better (idea 4). Measured: the best
-    config for Qwen3-32B's 51200 x 5120 gate_up at M = 1, 66.9 us against 72.5 (``benchmarks/gemm.py --ms 1,16
-    --only gate_up``); the 8B gate_up shapes keep the 128-row tile.
-12. The scales a K tile ahead (``_k_loop``). Nsight Compute on the H200 (``ncu --set full``, qkv 6144 x 4096 at M =
-    64, TABLE config): DRAM 40% and L2 53% of peak, 0.32 instructions issued per scheduler cycle, 164 registers per
-    thread (3 programs per SM, by registers and shared memory alike), and 43% of the stall cycles waiting on
-    L1TEX loads whose sectors were 4 of 32 bytes used: the weight / activation scale loads, which Triton does not
-    pipeline (in the TTGIR they sat after the stage's wait, on every iteration's critical path). Loading them one
-    iteration ahead puts them before the wait; predicted a large part of those stalls. Measured (same configs,
-    the old and new kernel in one run, 64 points, a one-off script): 0.96-0.99x at M = 4-32, 0.99-1.04x at
-    M = 64; bit-identical. So the stalls were mostly overlapped with the MMA wait already; kept, as it never lost
-    by more than noise.
-13. TMA tiles (``tma``): no per-thread address arithmetic or ``cp.async`` per 16 bytes, the copy engine fills the
-    stage and signals an mbarrier. First measured as a prototype (an uncommitted script) at the best of a sweep
-    against the TABLE config: 0.85-0.97x at M = 64 (down 4096 x 12288 26.0 -> 22.3 us), 0.95-1.0x at M = 16. In
-    the sweep of ``benchmarks/gemm.py`` ("tma" idea: best TMA config over best pointer config): 0.83-0.96x at
-    M = 64, 0.89-1.02x at M = 16 / 32, and 1.00-1.10x on the 1024-row k|v weights, which keep pointer loads. It
-    took 33 of the 48 TABLE rows at M = 16-64 (cuBLAS kept 2). At M = 1 it also wins the three down projections
-    (2026-12-03: Qwen3-32B's 37.6 -> 34.5 us, 1.03x a plain read of its weight), and Llama-3.1-8B's at M = 4.
-14. More, lighter programs, and a register-light split-K sum (probe ddeb781, withdrawn). Offline sm_90 compiles
-    (Triton 3.6, ``cuobjdump -res-usage``, TMA configs) showed the last program's sum, four [BLOCK_N, BLOCK_M]
-    partials in flight, setting the whole kernel's registers: 128 per thread at 16 rows where the kernel without
-    it takes 53; 255 and 16 B spilled at 32 rows (86 without); 255 and 856 B spilled at 64 rows (153). Summing one
-    partial at a time: 66 / 138 / 246, nothing spilled. Predicted: more programs resident per SM, and with them
-    GEMV-shaped launches (16-64 weight rows, 1-2 warps, up to 12 programs per SM) that the sweep's 1-4 per SM never
-    tried. Measured (``gemm.py --ms 16,32,64 --small-only`` with those families, 48 points, H200, 2026-12-03): the
-    1-2 warp launches 1.01-1.57x slower than the 4-warp ones at every point; the one-at-a-time sum at the TABLE's
-    families 0.984-1.0x the committed rows re-timed in the same run, the spread two identical configs showed
-    (0.986-0.998x): no effect. Occupancy is not what holds these launches back. Withdrawn.
-15. The activation rows split over programs (``block_m`` 16 / 32 where M has more; 2026-12-03): at M = 64 the
-    qkv row ran 96 programs (6144 / 64 weight tiles, split 1) on 132 SMs, and split-K, the other way to more
-    programs, adds partials and their sum. Here the programs of one weight tile each take a share of the rows and
-    read the same weight tile (from L2 after the first). Predicted: faster where split 1 had won at M = 64.
-    Measured (``gemm.py --ms 32,64 --small-only``, 32 points, the "rows split" idea column): 0.83-0.84x at the
-    1024-row k|v weights at M = 64 (7.94 -> 6.58 us), 0.96x at Qwen3-8B qkv M = 64 (14.85 -> 14.19), 0.97-0.98x
-    at the k|v at M = 32; 1.0-1.07x at o, down, q_proj, and 1.2-1.9x slower on the wide gate_up weights (not
-    profiled). Four TABLE rows took it.
-Still off the weight-bytes roofline where that roofline is a few microseconds (qkv and o 1.7-2.7x, the 4 MB k|v
-5-7x). This was put down to a fixed per-launch cost; ``benchmarks/launch_floor.py`` measured an empty launch at
-0.6 us in the harness, so most of the 4-5 us is the ramp that any kernel pays: a plain read of 4 / 16 / 25 MB takes
-2.9 / 6.1 / 8.2 us there, 1.4-3.1x its roofline. At M = 1 the GEMV (``_gemv_kernels.py``) is 1-14% faster, within
-0.94-1.16x of that read for all but the 4 MB k|v, and took those TABLE rows. At M = 64, with TMA, this kernel is
-1.35-1.64x the read on qkv, o, down and q_proj (was 1.42-1.75x): the room left at decode sizes. ncu's picture
-there (12 warps per SM, latency-bound at 40% of DRAM bandwidth) points at occupancy: fewer registers per thread
-or a warp-specialized loader, neither of which Triton 3.6 exposes for this loop.
+Tuning: every idea tried on this kernel, its prediction and its measurement (H200, ``benchmarks/gemm.py``), is
+in ``docs/small_m_tuning.md`` (ideas 1-15); code comments cite it as "tuning idea N".
 """
 
 from __future__ import annotations
@@ -144,7 +53,7 @@ from ._pdl import prefetch_l2, wait_then_launch
 REDUCES = ("kernel", "last")
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
-# With PDL: K tiles per weight row that a program prefetches into L2 before its wait (module docstring, 10).
+# With PDL: K tiles per weight row that a program prefetches into L2 before its wait (docs/small_m_tuning.md, idea 10).
 PREFETCH_TILES = tl.constexpr(2)
 # Shapes without a TABLE row keep the two-launch sum: "last" (correct under CUDA graphs and cudagraph trees on
 # the H200) was no faster at the default config on median (0.81-1.28x, 48 points); TABLE rows pick it per shape.
@@ -160,8 +69,8 @@ class SmallMConfig:
     reduce: str = DEFAULT_REDUCE  # "kernel" | "last": how split-K partials are summed (see the module docstring)
     k_unroll: int = 1  # K tiles per loop iteration: 1 or 2 (``_k_loop`` carries that many tiles' scales ahead)
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
-    tma: bool = False  # operand tiles by TMA (idea 13); launches it cannot take run the same kernel without it
-    block_m: int = 0  # activation rows per program (16, 32 or 64; idea 15); 0: all of M up to 64 (small_m_block_m)
+    tma: bool = False  # operand tiles by TMA (tuning idea 13); launches it cannot take run the same kernel without it
+    block_m: int = 0  # activation rows per program: 16, 32 or 64 (tuning idea 15); 0: M up to 64 (small_m_block_m)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
@@ -229,7 +138,7 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
     (blocks ``[rows, BLOCK_K]`` / ``[BLOCK_M, BLOCK_K]``), the tiles at rows ``n0`` / ``m0`` loaded by the copy
     engine (rows past the end read as zeros), the activation's transposed in shared memory as the MMA wants it.
 
-    The scales are loaded one K tile ahead (module docstring, idea 12): Triton pipelines only the loads that
+    The scales are loaded one K tile ahead (docs/small_m_tuning.md, idea 12): Triton pipelines only the loads that
     feed the MMA, so a scale load in the tile's own iteration was a round trip on every iteration's critical
     path. The last iteration re-loads its own tile's scales (an in-range address, no mask)."""
     kt_last = kt_end - K_UNROLL
@@ -399,7 +308,7 @@ def _small_m_kernel(
                       b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
                       FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()  # after the loop, not at the top (measured: module docstring, 10)
+        tl.extra.cuda.gdc_launch_dependents()  # after the loop, not at the top (measured: tuning idea 10)
 
     if GROUPS == 1:
         cols = offs_n

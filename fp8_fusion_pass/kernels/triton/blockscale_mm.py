@@ -5,10 +5,10 @@ Paths (all compute ``reference.blockscale_mm``: fp32 accumulation, per-128-K pro
   Hopper SM90 only, with its layout rules (pad M to 4, outer-dim-major activation scales, and never v1
   when (K/128) % 4 != 0: that combination is silently wrong).
 - ``tiled``: the Triton tiled GEMM (compute-bound shapes, and everything cuBLAS refuses).
-- ``small_m``: the Triton swap-AB split-K GEMM for decode-sized M (``_small_m_kernels.py``: its variants, and
-  each tuning idea's prediction and measurement), where the GEMM is bound by weight bytes (N*K fp8 bytes, half
-  of bf16): cuBLAS block-wise took 13.3 us at M=16, N=K=4096 on the H200 against ~3.9 us of weight bytes at
-  copy bandwidth and 9.1 us for a bf16 GEMM (issue 7).
+- ``small_m``: the Triton swap-AB split-K GEMM for decode-sized M (``_small_m_kernels.py``; each tuning idea's
+  prediction and measurement in ``docs/small_m_tuning.md``), where the GEMM is bound by weight bytes (N*K fp8
+  bytes, half of bf16): cuBLAS block-wise took 13.3 us at M=16, N=K=4096 on the H200 against ~3.9 us of weight
+  bytes at copy bandwidth and 9.1 us for a bf16 GEMM (issue 7).
 - ``gemv``: for M <= 4, the Triton GEMV (``_gemv_kernels.py``): a few whole weight rows per program, thousands of
   programs, one launch, shaped like a streaming-read kernel; the TABLE's choice at M = 1 on most shapes.
 - ``dequant``: the reference (dequantize, fp32 matmul); only when no kernel can run (an activation group
@@ -144,7 +144,7 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     # M buckets 16, 32, 64: measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0) by
     # `python benchmarks/gemm.py --ms 16,32,64 --small-only` (the merged engine shapes and the HF form's separate
     # q / k / v / gate / up shapes), with the scales loaded a tile ahead and the TMA families (the config's last
-    # field; _small_m_kernels.py ideas 12, 13); each comment is the measured time of the chosen config.
+    # field; docs/small_m_tuning.md ideas 12, 13); each comment is the measured time of the chosen config.
     # Idea 15 (the activation rows split over programs, SmallMConfig.block_m; 2026-12-03, same GPU and versions,
     # `python benchmarks/gemm.py --ms 32,64 --small-only` on the tree of this row's commit) took the four rows
     # marked so, where its config beat the committed row re-timed in the same run by more than 3%: Qwen3-8B qkv at
