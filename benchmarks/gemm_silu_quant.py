@@ -2,6 +2,7 @@
 ``blockscale_mm_silu_quant.TABLE`` that they imply.
 
     python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64 --json gemm_silu.json
+    python benchmarks/gemm_silu_quant.py --ms 1 --gemv-only --gemv-wide   # the GEMV with the epilogue, wider sweep
     python benchmarks/gemm_silu_quant.py --dry-run        # CPU, Triton interpreter, one tiny shape: checks the script
 
 For the merged gate_up shapes of Qwen3-8B, Llama-3.1-8B and Qwen3-32B (I x K) at decode row counts:
@@ -60,6 +61,11 @@ PROGRAM_TARGETS = (66, 132, 264, 396)
 # GEMV's own TABLE configs at M = 1 (rows 8, k_chunk 512 / 1024, 1 or 3 stages). Each program reads 2 x rows rows.
 GEMV_FAMILIES = [(2, 1024, 4, 1), (4, 1024, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 3), (8, 512, 4, 1), (8, 1024, 4, 1),
                  (8, 1024, 4, 3), (16, 512, 4, 1)]  # fmt: skip
+# --gemv-wide: 512 / 2048-value chunks and 2 warps too, as the plain GEMV's wider sweep (gemm.py, SWEEP_GEMV_WIDE)
+# whose 2-warp 2048-value configs took most of blockscale_mm.TABLE's M = 1 rows; here a thread holds the gate and
+# the up values, 2 x rows x k_chunk / (32 x warps), kept within 16-128 (more spills or leaves one program per SM).
+GEMV_WIDE_FAMILIES = [(r, c, w, s) for r in (2, 4, 8) for c in (512, 1024, 2048) for w in (2, 4) for s in (1, 3)
+                      if 16 <= 2 * r * c // (32 * w) <= 128]  # fmt: skip
 DEVICE = "cuda"  # "cpu" under --dry-run
 ROTATE_BYTES = 150e6
 CHECK_REL_ERR = 2e-2  # of the dequantized output; a wrong kernel is off by > 0.3, one fp8 step is ~6%, rarely
@@ -164,6 +170,8 @@ def main(argv=None) -> int:
     p.add_argument("--ms", default="1,4,16,32,64", help="comma-separated row counts")
     p.add_argument("--only", help="comma-separated substrings of shape names")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--gemv-wide", action="store_true", help="the GEMV with the epilogue over GEMV_WIDE_FAMILIES")
+    p.add_argument("--gemv-only", action="store_true", help="at M <= 4, time no swap-AB config (only the GEMV)")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -173,11 +181,13 @@ def main(argv=None) -> int:
         return 2
     a = arch.arch_of(DEVICE)
     ms = [int(v) for v in args.ms.split(",")]
-    shapes, families, gemv_families = SHAPES, FAMILIES, GEMV_FAMILIES
+    shapes, families = SHAPES, FAMILIES
+    gemv_families = GEMV_WIDE_FAMILIES if args.gemv_wide else GEMV_FAMILIES
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     if args.dry_run:
-        shapes, ms, gemv_families = [("tiny", 256, 512)], [1, 17], [(4, 256, 4, 1)]
+        shapes, ms = [("tiny", 256, 512)], [1, 17]
+        gemv_families = [(4, 256, 4, 1), (2, 512, 2, 1)] if args.gemv_wide else [(4, 256, 4, 1)]
         families = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)]
     bw = copy_bandwidth(args.dry_run)
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
@@ -187,7 +197,8 @@ def main(argv=None) -> int:
         shape = Shape(i, k)
         for m in ms:
             log(f"{sname} M={m}")
-            r, t = run_point(sname, shape, m, families, gemv_families, bw, a)
+            swap_ab = [] if args.gemv_only and m <= GEMV_MAX_M else families
+            r, t = run_point(sname, shape, m, swap_ab, gemv_families, bw, a)
             rows.append(r)
             table.append(t)
     print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["unfused_us"], r["fused_best_us"],

@@ -263,7 +263,8 @@ def test_every_table_row_is_a_config_the_kernel_takes():
             assert config is None or sms.unsupported(i, 128, config) is None, (i, k, config)
 
 
-def test_benchmark_dry_run_prints_pasteable_rows(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--gemv-wide", "--gemv-only"]])
+def test_benchmark_dry_run_prints_pasteable_rows(tmp_path, flags):
     import json
     import os
     import subprocess
@@ -273,7 +274,7 @@ def test_benchmark_dry_run_prints_pasteable_rows(tmp_path):
     env = dict(os.environ, PYTHONPATH=root)
     out_json = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gemm_silu_quant.py"), "--dry-run",
-                           "--json", str(out_json)], env=env, capture_output=True, text=True, timeout=300,
+                           "--json", str(out_json), *flags], env=env, capture_output=True, text=True, timeout=300,
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "WRONG" not in proc.stderr and "RACY" not in proc.stderr
@@ -284,3 +285,6 @@ def test_benchmark_dry_run_prints_pasteable_rows(tmp_path):
     with open(out_json) as f:
         timed_at_1 = json.load(f)["rows"][0]["fused"]
     assert any(c.startswith("GemvConfig(") and isinstance(t, float) for c, t in timed_at_1.items()), timed_at_1
+    if flags:  # at one row only the GEMV's configs, the wide family's 2-warp one among them
+        assert all(c.startswith("GemvConfig(") for c in timed_at_1) and len(timed_at_1) == 2, timed_at_1
+        assert isinstance(timed_at_1["GemvConfig(rows=2, k_chunk=512, warps=2, stages=1)"], float), timed_at_1
