@@ -13,7 +13,8 @@ GEMM runs its own TABLE's config, whose sums may be ordered differently (one bf1
 bit-exact against the unfused graph. Anything else (no row, None, M > 4, a group other than 128) runs the pair:
 ``group_quant`` then ``blockscale_mm``. At ``blockscale_mm``'s own GEMV config the fused launch was slower at
 every measured shape (the quant in every program costs more than the launch): a config of its own, with more
-rows per program (the activation quantized half as often), is what won on the 8B o_proj.
+rows per program (the activation quantized half as often), is what won on the 8B o_proj, until the plain GEMV's
+wider configs (``blockscale_mm.TABLE``, GEMV_WIDE) made the pair as fast: no H200 row wins now.
 """
 
 from __future__ import annotations
@@ -30,16 +31,22 @@ from .group_quant import group_quant
 # None where it did not.
 # fmt: off
 TABLE: dict[tuple[str, int, int, int], GemvConfig | None] = {
-    # Measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0) by
+    # First measured 2026-12-01 on one NVIDIA H200 (torch 2.11.0+cu130, Triton 3.6.0) by
     # `python benchmarks/quant_gemm.py --ms 1 --sweep` on commit e0e5a22 (24 GEMV configs, each bit for bit the
     # pair at its config). Microseconds, CUDA-graph medians; "pair" = group_quant + blockscale_mm (its GEMV).
-    # o_proj of Qwen3-8B and Llama-3.1-8B: fused 8.19 vs pair 8.93 (blockscale_mm's GEMV config 4 / 1024: 10.47)
-    ('sm90', 1, 4096, 4096): GemvConfig(8, 1024, 4, 1),
-    # Qwen3-32B o_proj: fused 19.27 (8 / 512 / 3 stages) vs pair 16.56
+    # Re-measured 2026-12-04 (same GPU and versions, copy 4.28 TB/s) by `python benchmarks/quant_gemm.py --ms 1
+    # --sweep` on the tree of commit 8b1d52a (48 configs, 2 warps and 2048-value chunks too), after blockscale_mm's
+    # M = 1 rows took the wider GEMV configs (its TABLE, GEMV_WIDE): the pair got faster and no fused config beats
+    # it by the margin any more. Each row: the run of 8b1d52a, then the run of e0e5a22.
+    # o_proj of Qwen3-8B and Llama-3.1-8B: fused 8.19 (8 / 1024, the row until now) vs pair 8.28, a tie (1.1%);
+    # e0e5a22: fused 8.19 vs pair 8.93, taken then
+    ('sm90', 1, 4096, 4096): None,
+    # Qwen3-32B o_proj: fused 19.67 (8 / 512) vs pair 15.67; e0e5a22: 19.27 (8 / 512 / 3 stages) vs 16.56
     ('sm90', 1, 5120, 8192): None,
-    # Qwen3-8B qkv (its quant is normally the norm's): fused 11.66 (16 / 512 / 3 stages) vs pair 11.64
+    # Qwen3-8B qkv (its quant is normally the norm's): fused 11.71 (8 / 512 / 3 stages) vs pair 11.17; e0e5a22:
+    # 11.66 (16 / 512 / 3 stages) vs 11.64
     ('sm90', 1, 6144, 4096): None,
-    # Llama-3.1-8B down (blockscale_mm runs small-M there): fused 22.52 (8 / 1024 / 3 stages) vs pair 21.42
+    # Llama-3.1-8B down: fused 22.83 (8 / 1024) vs pair 19.93; e0e5a22: 22.52 (8 / 1024 / 3 stages) vs 21.42
     ('sm90', 1, 4096, 14336): None,
 }
 # fmt: on
