@@ -46,6 +46,11 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     # and loses at M = 64 (35.0 vs 32.0 us): 192 programs of 128 weight rows, where the pair's GEMM runs 384 of 64.
     # M = 1: from an earlier run (`--ms 1,4`, same day, GPU, commit c4c11cb), the first with the GEMV and the
     # same epilogue (_gemv_silu_kernels.py) in the sweep; the best fused config, swap-AB or GEMV, in the comment.
+    # M = 1 again on 2026-12-04 (same GPU and versions, copy 4.28 TB/s), `python benchmarks/gemm_silu_quant.py
+    # --ms 1 --gemv-only --gemv-wide` on the tree of 8b1d52a (28 GEMV configs, 2 warps and 2048-value chunks too),
+    # after blockscale_mm's wider GEMV rows: the pair got faster, the fused GEMV did not. Its best against the pair:
+    # 30.0 / 26.9 us (Qwen3-8B), 32.6 / 31.3 (Llama-3.1-8B), 67.3 / 64.2 (Qwen3-32B), so the rows stay None. The
+    # group ticket is most of the gap (docs/benchmarks.md, "The SiLU-quant GEMV at one row, again").
     # fused 30.1 us (GEMV rows 8) vs unfused 28.2 us (the GEMV, then the silu-quant), roofline 23.5 us
     ('sm90', 1, 12288, 4096): None,
     # fused 27.8 us vs unfused 28.0 us, roofline 23.7 us
