@@ -69,6 +69,23 @@ def test_fused_gemv_is_the_unfused_pair_bit_for_bit(m, i, k, group, config):
     assert _rel_err(fused, _reference(q, xs, wg, sg, wu, su, group)) < 2e-2
 
 
+@pytest.mark.parametrize("tagged", [True, False], ids=["slot words", "ticket"])
+def test_a_group_over_many_programs_leaves_its_slots_or_counters_empty(monkeypatch, tagged):
+    # NVIDIA meets a quant group's programs in tagged slot words (no ticket), other GPUs by a ticket: both give the
+    # pair's bits, and both leave their buffer zeroed for the next launch (a stale tag would hand the next launch
+    # this one's values)
+    import fp8_fusion_pass.kernels.triton._gemv_silu_kernels as gvs
+
+    monkeypatch.setattr(gvs, "tagged_slots", lambda device: tagged)
+    m, i, k, config = 3, 256, 512, GemvConfig(2, 256, 2, 1)  # 64 programs per quant group of 128
+    q, xs, wg, sg, wu, su = _gate_up(m, i, k, seed=5)
+    for _ in range(2):
+        _assert_equal(gemv_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config),
+                      _pair(q, xs, wg, sg, wu, su, 128, config), "tagged" if tagged else "ticket")  # fmt: skip
+        buf = smk._zeroed[(q.device, "gemv_silu_slots" if tagged else "counters")]
+        assert int(buf.abs().sum()) == 0
+
+
 def test_zero_activation_gives_zeros_and_the_floor_scale():
     q, xs, wg, sg, wu, su = _gate_up(2, 256, 256)
     qo, so = gemv_silu_quant(torch.zeros_like(q), xs, wg, sg, wu, su, BF16, 128, GemvConfig(8, 256, 4, 1))

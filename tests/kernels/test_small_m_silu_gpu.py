@@ -35,8 +35,9 @@ CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"
            # TMA: a gate and an up tile per K step (block_n >= 64: each MMA a wgmma, as the pair's)
            SmallMConfig(128, 1, 8, 3, "last", tma=True), SmallMConfig(128, 3, 4, 4, "last", tma=True),
            SmallMConfig(64, 2, 4, 4, "last", tma=True)]
-# the GEMV with the epilogue (M <= 4): a group over 32 / 16 / 8 programs
-GEMV_CONFIGS = [GemvConfig(4, 1024, 4, 1), GemvConfig(8, 512, 4, 1), GemvConfig(16, 1024, 4, 3)]
+# the GEMV with the epilogue (M <= 4): a group over 64 / 32 / 16 programs (its tagged slot words), 2 and 4 warps
+GEMV_CONFIGS = [GemvConfig(2, 2048, 2, 1), GemvConfig(4, 1024, 2, 3), GemvConfig(8, 1024, 4, 1),
+                GemvConfig(8, 512, 4, 1)]
 
 
 # Inputs and the reference depend on (m, i, k) only, not on the config under test: made once per point. The
@@ -96,17 +97,19 @@ def test_tma_tiles_equal_the_pointer_tile_bitwise_on_gpu(m, i, k, config):
 @pytest.mark.parametrize("i, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 4])
 def test_fused_gemv_equals_unfused_pair_and_reference(m, i, k, config):
-    # the GEMV with the epilogue against gemv_mm on the merged weight at the same config, then the silu-quant
+    # the GEMV with the epilogue against gemv_mm on the merged weight at twice the rows (its gate and up rows are
+    # one tile: the same per-row sums), then the silu-quant
     q, xs, w, s, halves = _inputs(m, i, k)
     fused = gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config)
-    pair = silu_mul_group_quant(gemv_mm(q, xs, w, s, BF16, config), 128)
+    pair = silu_mul_group_quant(gemv_mm(q, xs, w, s, BF16, dataclasses.replace(config, rows=2 * config.rows)), 128)
     assert torch.equal(fused[1], pair[1]) and torch.equal(fused[0].view(torch.uint8), pair[0].view(torch.uint8))
     want = _reference(m, i, k)
     d = ((_dq(fused).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
     assert d < 2e-2, f"rel err vs reference {d:.3g}"
-    again = [gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]  # the group tickets
+    again = [gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]  # the groups' slot words
     assert all(torch.equal(fused[0].view(torch.uint8), a[0].view(torch.uint8)) and torch.equal(fused[1], a[1])
                for a in again)  # fmt: skip
+    assert int(smk._zeroed[(q.device, "gemv_silu_slots")].abs().sum()) == 0  # emptied for the next launch
 
 
 @pytest.mark.parametrize("config", [SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(64, 2, 4, 4, "last"),
