@@ -106,7 +106,7 @@ def test_last_program_sum_equals_reduce_kernel_bitwise(split):
     for _ in range(2):  # the second call reuses the counters the first one reset
         y_last = bm.run("small_m", q, xs, w_q, w_s, FP32, config=SmallMConfig(64, split, 4, 2, "last"))
         assert torch.equal(y_last, y_kernel)
-    assert int(smk._zeroed[(q.device, "counters")].abs().sum()) == 0
+    assert int(smk._counters[q.device].abs().sum()) == 0
     assert_close(y_last, oracle(q, xs, w_q, w_s), FP32, "last")
 
 
@@ -139,7 +139,7 @@ def test_rows_split_over_programs(m, config):
     y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
     assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
     if config.reduce == "last" and config.split_k > 1:
-        assert int(smk._zeroed[(q.device, "counters")].abs().sum()) == 0  # the row tiles' counters are reset too
+        assert int(smk._counters[q.device].abs().sum()) == 0  # the row tiles' counters are reset too
 
 
 def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
@@ -184,7 +184,7 @@ def test_last_falls_back_to_reduce_kernel(monkeypatch):
     assert len(launches) == 1
     # Inside a CUDA graph capture the buffer is never allocated (it would live in the graph's private pool).
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(smk, "_zeroed", {})
+    monkeypatch.setattr(smk, "_counters", {})
     assert smk.tile_counters(torch.device("cuda", 0), 4) is None and smk._counters == {}
 
 

@@ -251,7 +251,7 @@ def test_last_program_sum_is_repeatable_and_equals_reduce_kernel(m, n, k, cfg):
     last = SmallMConfig(**{**cfg.__dict__, "reduce": "last"})
     mismatches = sum(not torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=last), want) for _ in range(100))
     assert mismatches == 0
-    assert int(smk._zeroed[(q.device, "counters")].abs().sum()) == 0
+    assert int(smk._counters[q.device].abs().sum()) == 0
     _check("last == kernel x100", f"small_m {last}", bm.run("small_m", q, xs, w_q, w_s, BF16, config=last),
            ref.dequant_activation(q, xs) @ dequant_weight_128(w_q, w_s).t(), BF16, m, n, k)  # fmt: skip
 
@@ -284,7 +284,7 @@ def test_last_program_sum_under_cudagraph_trees(monkeypatch):
     m, n, k = 4, 4096, 4096
     last, twin = SmallMConfig(64, 4, 4, 4, "last"), SmallMConfig(64, 4, 4, 4, "kernel")
     monkeypatch.setitem(bm.TABLE, (arch.arch_of("cuda").name, bm.m_bucket(m), n, k), bm.Choice("small_m", last))
-    monkeypatch.setattr(smk, "_zeroed", {})
+    monkeypatch.setattr(smk, "_counters", {})
     w_q, w_s, _ = _weights(n, k)
     f = torch.compile(lambda q, xs: torch.ops.fp8_fusion.blockscale_mm(q, xs, w_q, w_s, BF16), mode="reduce-overhead")
     with backends.use_backend("triton"):
@@ -293,7 +293,7 @@ def test_last_program_sum_under_cudagraph_trees(monkeypatch):
             torch.compiler.cudagraph_mark_step_begin()
             y = f(q, xs).clone()
             assert torch.equal(y, bm.run("small_m", q, xs, w_q, w_s, BF16, config=twin)), f"call {seed}"
-    assert list(smk._zeroed) == [(q.device, "counters")] and int(smk._zeroed[(q.device, "counters")].abs().sum()) == 0
+    assert list(smk._counters) == [q.device] and int(smk._counters[q.device].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("n, k", [(6144, 4096), (5120, 25600)])

@@ -1,12 +1,14 @@
 """The GEMV with the silu-quant in its epilogue (``_gemv_silu_kernels.py``), M <= 4.
 
 CPU (``TRITON_INTERPRET=1``, set by ``tests/conftest.py``): against the unfused pair it replaces (``gemv_mm`` on
-the merged weight at the same config, then ``silu_mul_group_quant``: bit for bit) and the reference; a quant group
+the merged weight at twice the config's rows, then ``silu_mul_group_quant``: bit for bit) and the reference; a quant group
 over one or many programs, groups of 128 / 64 / 32, non-power-of-two M; zeros and NaN; the op's dispatch to it
 from a ``GemvConfig`` TABLE row; the shapes and configs it refuses.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -38,7 +40,9 @@ def _assert_equal(a, b, what=""):
 
 
 def _pair(q, xs, wg, sg, wu, su, group, config):
-    return silu_mul_group_quant(gemv_mm(q, xs, torch.cat([wg, wu]), torch.cat([sg, su]), BF16, config), group)
+    # gate and up rows are one tile of twice the rows: the GEMV at that config sums each row the same way
+    wide = dataclasses.replace(config, rows=2 * config.rows)
+    return silu_mul_group_quant(gemv_mm(q, xs, torch.cat([wg, wu]), torch.cat([sg, su]), BF16, wide), group)
 
 
 def _rel_err(out, want):
@@ -69,21 +73,14 @@ def test_fused_gemv_is_the_unfused_pair_bit_for_bit(m, i, k, group, config):
     assert _rel_err(fused, _reference(q, xs, wg, sg, wu, su, group)) < 2e-2
 
 
-@pytest.mark.parametrize("tagged", [True, False], ids=["slot words", "ticket"])
-def test_a_group_over_many_programs_leaves_its_slots_or_counters_empty(monkeypatch, tagged):
-    # NVIDIA meets a quant group's programs in tagged slot words (no ticket), other GPUs by a ticket: both give the
-    # pair's bits, and both leave their buffer zeroed for the next launch (a stale tag would hand the next launch
-    # this one's values)
-    import fp8_fusion_pass.kernels.triton._gemv_silu_kernels as gvs
-
-    monkeypatch.setattr(gvs, "tagged_slots", lambda device: tagged)
-    m, i, k, config = 3, 256, 512, GemvConfig(2, 256, 2, 1)  # 64 programs per quant group of 128
+def test_a_group_over_many_programs_leaves_its_counters_empty():
+    # 64 programs per quant group of 128 meet by a ticket; the last resets its counter for the next launch
+    m, i, k, config = 3, 256, 512, GemvConfig(2, 256, 2, 1)
     q, xs, wg, sg, wu, su = _gate_up(m, i, k, seed=5)
     for _ in range(2):
         _assert_equal(gemv_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config),
-                      _pair(q, xs, wg, sg, wu, su, 128, config), "tagged" if tagged else "ticket")  # fmt: skip
-        buf = smk._zeroed[(q.device, "gemv_silu_slots" if tagged else "counters")]
-        assert int(buf.abs().sum()) == 0
+                      _pair(q, xs, wg, sg, wu, su, 128, config), "2 rows per program")  # fmt: skip
+        assert int(smk._counters[q.device].abs().sum()) == 0
 
 
 def test_zero_activation_gives_zeros_and_the_floor_scale():

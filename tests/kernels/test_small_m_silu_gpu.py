@@ -35,7 +35,7 @@ CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"
            # TMA: a gate and an up tile per K step (block_n >= 64: each MMA a wgmma, as the pair's)
            SmallMConfig(128, 1, 8, 3, "last", tma=True), SmallMConfig(128, 3, 4, 4, "last", tma=True),
            SmallMConfig(64, 2, 4, 4, "last", tma=True)]
-# the GEMV with the epilogue (M <= 4): a group over 64 / 32 / 16 programs (its tagged slot words), 2 and 4 warps
+# the GEMV with the epilogue (M <= 4): a group over 64 / 32 / 16 programs (their tickets), 2 and 4 warps
 GEMV_CONFIGS = [GemvConfig(2, 2048, 2, 1), GemvConfig(4, 1024, 2, 3), GemvConfig(8, 1024, 4, 1),
                 GemvConfig(8, 512, 4, 1)]
 
@@ -106,10 +106,10 @@ def test_fused_gemv_equals_unfused_pair_and_reference(m, i, k, config):
     want = _reference(m, i, k)
     d = ((_dq(fused).cpu() - _dq(want)).norm() / _dq(want).norm()).item()
     assert d < 2e-2, f"rel err vs reference {d:.3g}"
-    again = [gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]  # the groups' slot words
+    again = [gvs.gemv_silu_quant(q, xs, *halves, BF16, 128, config) for _ in range(20)]  # the group tickets
     assert all(torch.equal(fused[0].view(torch.uint8), a[0].view(torch.uint8)) and torch.equal(fused[1], a[1])
                for a in again)  # fmt: skip
-    assert int(smk._zeroed[(q.device, "gemv_silu_slots")].abs().sum()) == 0  # emptied for the next launch
+    assert int(smk._counters[q.device].abs().sum()) == 0  # reset for the next launch
 
 
 @pytest.mark.parametrize("config", [SmallMConfig(128, 3, 8, 3, "last"), SmallMConfig(64, 2, 4, 4, "last"),

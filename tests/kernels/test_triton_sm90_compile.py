@@ -68,9 +68,6 @@ SCRIPT = textwrap.dedent(
         ptx = k.asm["ptx"]  # the quant step's fma32 is the hardware fma here, never the interpreter's fp64 emulation
         arith["f64"] += len(re.findall(r"\.f64\b", ptx))
         arith["fma.rn.f32"] += ptx.count("fma.rn.f32") if consts.get("QUANT", True) and "FP8_MAX" in consts else 0
-        if consts.get("TAGGED"):  # the slot words' stores: relaxed, gpu scope, one 8-byte store each; no ticket
-            pdl["tagged stores"] = ptx.count("st.relaxed.gpu.global.b64")
-            pdl["tagged atomics"] = len(re.findall(r"\batom\.", ptx))
         if consts.get("TMA"):  # the tiles come by the copy engine, not by per-thread loads of the same bytes
             pdl["TMA copies " + fn.__name__] = k.asm["ptx"].count("cp.async.bulk.tensor")
         full = []  # layout conversions of 3-D tiles with a real column axis: [BLOCK_M, GPC, G > 1]
@@ -173,13 +170,11 @@ SCRIPT = textwrap.dedent(
     # rows = G (each program quantizes its own group). That one at a 128-column chunk: at 512, its two [128, 512]
     # weight tiles (no TABLE row uses them) had not compiled after 6 (Triton 3.9) / 8 (3.8) minutes of a CPU core
     from fp8_fusion_pass.kernels.triton import _gemv_silu_kernels as gvs
-    # The group's values as tagged slot words (TAGGED, NVIDIA: no ticket) or fp32 values and a ticket (elsewhere)
     GSILU = {n: SILU[n] for n in SILU if n not in ("p_ptr", "k_tiles_per_split")}
-    for rows, block_m, k_chunk, tagged in ((8, 1, 512, True), (8, 1, 512, False), (128, 4, 128, False)):
-        c = dict(OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=max(1, 128 // rows), TAGGED=tagged, ROWS=rows,
-                 K_CHUNK=k_chunk, BLOCK_M=block_m, SCALE_BLOCK=128, **FP8)
-        sig = dict(GSILU, y_ptr="*i64") if tagged else GSILU
-        out[f"gemv_silu rows={rows} block_m={block_m} tagged={tagged}"] = build(gvs._gemv_silu_quant_kernel, sig, c, 4)
+    for rows, block_m, k_chunk in ((8, 1, 512), (128, 4, 128)):
+        c = dict(OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=max(1, 128 // rows), ROWS=rows, K_CHUNK=k_chunk,
+                 BLOCK_M=block_m, SCALE_BLOCK=128, **FP8)
+        out[f"gemv_silu rows={rows} block_m={block_m}"] = build(gvs._gemv_silu_quant_kernel, GSILU, c, 4)
     # Qwen3's q / k norms and their RoPE in one launch (rms_norm_rope.py)
     from fp8_fusion_pass.kernels.triton import rms_norm_rope as nr
     ROPE = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr",
@@ -237,8 +232,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert pdl.pop("tagged stores") >= 1 and pdl.pop("tagged atomics") == 0, "the SiLU GEMV's slot words"
-    assert len(result) == 51, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
+    assert len(result) == 50, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -386,15 +386,16 @@ def split_plan(k_tiles: int, split_k: int, k_unroll: int) -> tuple[int, int, int
     return triton.cdiv(k_tiles, per_split), per_split, unroll
 
 
-_zeroed: dict[tuple[torch.device, str], torch.Tensor] = {}
+_counters: dict[torch.device, torch.Tensor] = {}
 
 
-def persistent_zeros(device: torch.device, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """The device's zeroed buffer ``name`` (``numel`` of ``dtype``), made once and kept for the process; None when
-    it cannot be made now (first asked for inside a CUDA-graph capture). Kernels that use one leave it zeroed."""
-    buf = _zeroed.get((device, name))
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's zeroed int32 ticket counters, or None when "last" cannot be used (see the module docstring)."""
+    if tiles > COUNTER_SLOTS:
+        return None
+    buf = _counters.get(device)
     if buf is None and device.type != "cuda":
-        buf = _zeroed[(device, name)] = torch.zeros(numel, dtype=dtype, device=device)
+        buf = _counters[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
     elif buf is None:
         if torch.cuda.is_current_stream_capturing():
             return None  # allocated inside a capture it would live in the graph's private pool
@@ -407,23 +408,16 @@ def persistent_zeros(device: torch.device, name: str, numel: int, dtype: torch.d
 
         def allocate() -> None:
             with torch.cuda.device(device):
-                box.append(torch.zeros(numel, dtype=dtype, device=device))
+                box.append(torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device))
                 torch.cuda.synchronize(device)
 
-        worker = threading.Thread(target=allocate, name=f"fp8_fusion_{name}")
+        worker = threading.Thread(target=allocate, name="fp8_fusion_counters")
         worker.start()
         worker.join()
         if not box:
-            return None  # the thread failed (its error is printed by threading); callers fall back
-        buf = _zeroed[(device, name)] = box[0]
+            return None  # the thread failed (its error is printed by threading); the two-launch sum is the same
+        buf = _counters[device] = box[0]
     return buf
-
-
-def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's zeroed int32 ticket counters, or None when "last" cannot be used (see the module docstring)."""
-    if tiles > COUNTER_SLOTS:
-        return None
-    return persistent_zeros(device, "counters", COUNTER_SLOTS, torch.int32)
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
