@@ -50,7 +50,8 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     # --ms 1 --gemv-only --gemv-wide` on the tree of 8b1d52a (28 GEMV configs, 2 warps and 2048-value chunks too),
     # after blockscale_mm's wider GEMV rows: the pair got faster, the fused GEMV did not. Its best against the pair:
     # 30.0 / 26.9 us (Qwen3-8B), 32.6 / 31.3 (Llama-3.1-8B), 67.3 / 64.2 (Qwen3-32B), so the rows stay None. The
-    # group ticket is most of the gap (docs/benchmarks.md, "The SiLU-quant GEMV at one row, again").
+    # group ticket is most of the gap (docs/benchmarks.md, "The SiLU-quant GEMV at one row, again"). With gate and
+    # up as one tile (7b9b18e, same command and day): 28.4 / 26.7, 31.7 / 30.7, 63.5 / 62.8 us: still None.
     # fused 30.1 us (GEMV rows 8) vs unfused 28.2 us (the GEMV, then the silu-quant), roofline 23.5 us
     ('sm90', 1, 12288, 4096): None,
     # fused 27.8 us vs unfused 28.0 us, roofline 23.7 us
