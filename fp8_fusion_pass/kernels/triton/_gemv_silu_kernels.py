@@ -10,7 +10,8 @@ silu-quant stayed a launch of its own (~1.3 us of a ~90 us layer in a CUDA graph
 
 Each program owns ``rows`` output columns: their gate weight rows and their up weight rows, loaded as one tile of
 2 x ``rows`` rows over the whole K, each summed exactly as ``_gemv_kernel`` sums a row at 2 x ``rows`` rows per
-program (``_x_chunk``, ``_chunk_dot``: the same tiles, the same reductions). Then ``_silu_mul`` rounds gate and up to the out dtype and applies ``silu_and_mul``'s steps.
+program (``_x_chunk``, ``_chunk_dot``: the same tiles, the same reductions). Then ``_silu_mul`` rounds gate and up
+to the out dtype and applies ``silu_and_mul``'s steps.
 A quant group of G columns spans ``G / rows`` programs: each stores its fp32 silu_and_mul values to a [M, I]
 workspace and takes a ticket on its group's counter (``_last_arrival``: stores -> CTA barrier -> acq_rel
 gpu-scope atomic), and the last of them reloads the group from L2 and quantizes it with ``_quant_store``, the
@@ -69,7 +70,7 @@ def _gemv_silu_quant_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     # The gate rows then the up rows as one [2 ROWS, K_CHUNK] tile: the plain GEMV's loop at 2 ROWS rows, one load
     # and one dot per chunk. As two [ROWS] tiles the loop took 175-255 registers per thread where this one takes
-    # 124-128 (sm_90, Triton 3.6) and ran up to 7% slower on the H200 (docs/benchmarks.md, "The SiLU-quant GEMV at
+    # 124-128 (sm_90, Triton 3.6) and ran up to 9% slower on the H200 (docs/benchmarks.md, "The SiLU-quant GEMV at
     # one row, again"). Each row is summed exactly as _gemv_kernel sums it at 2 ROWS rows.
     j = tl.arange(0, 2 * ROWS)
     r2 = (pid * ROWS + j % ROWS).to(tl.int64)
