@@ -307,3 +307,24 @@ def test_bf16_input_gemm_matches_oracle(m, n, k):
         y = smk.small_m_mm_bf16(x, w_q, w_s, BF16, 128, cfg)
         same = torch.equal(y, smk.small_m_mm(q, xs, w_q, w_s, BF16, cfg))
         _check("bf16 input", f"small_m_bf16 {cfg} (bitwise = fp8 input: {same})", y, want, BF16, m, n, k)
+
+
+@pytest.mark.parametrize("ns, k", [((4096, 1024, 1024), 4096), ((14336, 14336), 4096), ((8192, 1024, 1024), 5120),
+                                   ((25600, 25600), 5120)])  # fmt: skip
+@pytest.mark.parametrize("m", [1, 3])
+def test_grouped_gemv_is_the_separate_gemvs_bitwise(m, ns, k):
+    # HF's separate q / k / v and gate / up (Llama-3.1-8B, Qwen3-32B) in one GEMV launch at the merged shape's
+    # TABLE config (blockscale_mm_grouped at one row): each weight read in place, each row summed as gemv_mm sums it
+    from fp8_fusion_pass.kernels.triton import blockscale_mm_grouped as bmg
+    from fp8_fusion_pass.kernels.triton._gemv_kernels import gemv_mm
+
+    q, xs, _, _ = make_inputs(m, 128, k, device="cuda", seed=1)
+    ws, ss = zip(*[make_inputs(m, n, k, device="cuda", seed=2 + i)[2:] for i, n in enumerate(ns)])
+    choice = bmg.grouped_choice(q, xs, ws, BF16, ss)
+    assert m > 1 or choice.path == "gemv", choice  # M = 1: every merged shape here has a GEMV row
+    if choice.path != "gemv":
+        return  # M = 3 (bucket 4): the small-M rows, covered above
+    with backends.use_backend("triton"):
+        got = torch.ops.fp8_fusion.blockscale_mm_grouped(q, xs, list(ws), list(ss), BF16)
+    want = torch.cat([gemv_mm(q, xs, w, s, BF16, choice.config) for w, s in zip(ws, ss)], -1)
+    assert torch.equal(got, want)

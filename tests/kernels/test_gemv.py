@@ -2,7 +2,8 @@
 
 CPU (``TRITON_INTERPRET=1``): against the fp32 dequantized oracle at M = 1..4, N that is and is not a multiple of
 the rows per program or of 128, K that is and is not a multiple of the K step; the dispatcher's use of a TABLE row,
-its fallback where the GEMV cannot run (M > 4, activation groups of 64), and the kernel's own refusals.
+its fallback where the GEMV cannot run (M > 4, activation groups of 64), and the kernel's own refusals; the grouped
+GEMV (HF's separate q / k / v or gate / up weights in one launch) against the separate GEMVs, bit for bit.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from gemm_helpers import assert_close, make_inputs, oracle
 
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
-from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig, gemv_mm
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig, gemv_mm, gemv_mm_grouped
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -68,18 +69,49 @@ def test_config_is_validated():
         GemvConfig(4, 192)
 
 
-def test_grouped_launch_keeps_the_small_m_kernel_where_the_merged_plan_is_the_gemv(monkeypatch):
+def test_grouped_launch_runs_the_gemv_where_the_merged_plan_is_the_gemv(monkeypatch):
     from fp8_fusion_pass.kernels.triton import blockscale_mm_grouped as bmg
 
     a = arch.arch_of("cpu")
-    q, xs, w, _ = make_inputs(1, 256, 512)
-    ws = [w[:128], w[128:]]
+    q, xs, w, s = make_inputs(1, 256, 512)
+    ws, ss = [w[:128], w[128:]], [s[:1], s[1:]]
     best = SmallMConfig(64, 2, 4, 2, "last")
     monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(4, 256)))
     monkeypatch.setitem(bm.SMALL_M_BEST, (a.name, 1, 256, 512), best)
-    assert bmg.grouped_choice(q, xs, ws, BF16) == bm.Choice("small_m", best)
+    assert bmg.grouped_choice(q, xs, ws, BF16, ss) == bm.Choice("gemv", GemvConfig(4, 256))
+    assert torch.equal(bmg.blockscale_mm_grouped(q, xs, ws, ss, BF16),
+                       torch.cat([gemv_mm(q, xs, wi, si, BF16, GemvConfig(4, 256)) for wi, si in zip(ws, ss)], -1))
+    # a program's rows would straddle the two weights (256 rows per program, 128 in the first): the small-M config
+    monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(256, 256)))
+    assert bmg.grouped_choice(q, xs, ws, BF16, ss) == bm.Choice("small_m", best)
     monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("tiled"))  # another path won: separate GEMMs
-    assert bmg.grouped_choice(q, xs, ws, BF16) is None
+    assert bmg.grouped_choice(q, xs, ws, BF16, ss) is None
+
+
+@pytest.mark.parametrize("ns, config", [((256, 128, 128), GemvConfig(4, 256)),  # q / k / v
+                                        ((128, 200), GemvConfig(8, 512, 2, 1)),  # the last weight's rows partial
+                                        ((64, 64, 72), GemvConfig(64, 128))])  # one program per weight
+@pytest.mark.parametrize("m", [1, 3])
+def test_grouped_gemv_is_the_separate_gemvs_bit_for_bit(m, ns, config):
+    q, xs, _, _ = make_inputs(m, 8, 384, seed=7)
+    ws, ss = zip(*[make_inputs(m, n, 384, seed=i)[2:] for i, n in enumerate(ns)])
+    want = torch.cat([gemv_mm(q, xs, w, s, BF16, config) for w, s in zip(ws, ss)], -1)
+    assert torch.equal(gemv_mm_grouped(q, xs, ws, ss, BF16, config), want)
+    assert_close(want, torch.cat([oracle(q, xs, w, s) for w, s in zip(ws, ss)], -1), BF16, f"ns={ns}")
+
+
+def test_grouped_gemv_refuses_what_it_cannot_read_in_place():
+    q, xs, w, s = make_inputs(1, 256, 512)
+    with pytest.raises(ValueError, match="1 to 3 weights"):
+        gemv_mm_grouped(q, xs, [w[:64]] * 4, [s[:1]] * 4, BF16, GemvConfig(4, 256))
+    with pytest.raises(ValueError, match="not a multiple"):
+        gemv_mm_grouped(q, xs, [w[:100], w[100:]], [s[:1], s[1:]], BF16, GemvConfig(8, 256))
+    with pytest.raises(ValueError, match="laid out differently"):
+        wide_rows = torch.cat([w[128:], w[128:]], 1)[:, :512]  # the same values, a row stride of 1024
+        gemv_mm_grouped(q, xs, [w[:128], wide_rows], [s[:1], s[1:]], BF16, GemvConfig(4, 256))
+    q5, xs5, _, _ = make_inputs(5, 256, 512)
+    with pytest.raises(ValueError, match="M <= 4"):
+        gemv_mm_grouped(q5, xs5, [w[:128], w[128:]], [s[:1], s[1:]], BF16, GemvConfig(4, 256))
 
 
 def test_every_gemv_table_row_has_a_small_m_fallback():

@@ -120,14 +120,14 @@ def test_op_through_triton_backend(monkeypatch):
 
 @pytest.mark.parametrize("ns, merged", [((4096, 1024, 1024), 6144), ((12288, 12288), 24576)])
 def test_dispatcher_takes_the_merged_shapes_table_row(ns, merged):
-    # Qwen3-8B q / k / v and gate / up at decode on a simulated H200: the merged shape's measured small-M config
-    # (at M = 1 its TABLE row is the GEMV, so the small-M config measured best beside it; at M = 16, TABLE's own).
+    # Qwen3-8B q / k / v and gate / up at decode on a simulated H200: the merged shape's measured plan (at M = 1
+    # its TABLE row, the GEMV, which reads the weights in place; at M = 16 its small-M row).
     fp8 = torch.float8_e4m3fn
     ws = [torch.empty(n, 4096, dtype=fp8) for n in ns]
     with arch.simulate_arch("sm90"):
         q, xs = torch.empty(1, 4096, dtype=fp8), torch.ones(1, 32)
         assert bm.TABLE[("sm90", 1, merged, 4096)].path == "gemv"
-        assert bmg.grouped_choice(q, xs, ws, BF16) == bm.Choice("small_m", bm.SMALL_M_BEST[("sm90", 1, merged, 4096)])
+        assert bmg.grouped_choice(q, xs, ws, BF16) == bm.TABLE[("sm90", 1, merged, 4096)]
         q, xs = torch.empty(16, 4096, dtype=fp8), torch.ones(16, 32)
         assert bmg.grouped_choice(q, xs, ws, BF16) == bm.TABLE[("sm90", 16, merged, 4096)]
 

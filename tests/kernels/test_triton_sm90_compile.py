@@ -156,16 +156,19 @@ SCRIPT = textwrap.dedent(
     # the GEMV (M <= 4): one row and four rows of activations
     from fp8_fusion_pass.kernels.triton import _gemv_kernels as gv
     GEMV = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "as_ptr": "*fp32", "bs_ptr": "*fp32",
-            **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bn", "stride_cm", "stride_asm", "stride_ask",
-                                  "stride_bsn", "stride_bsk")}}
+            "b2_ptr": "*fp8e4nv", "b3_ptr": "*fp8e4nv", "bs2_ptr": "*fp32", "bs3_ptr": "*fp32",
+            **{n: "i32" for n in ("M", "N", "K", "N1", "N2", "stride_am", "stride_bn", "stride_cm", "stride_asm",
+                                  "stride_ask", "stride_bsn", "stride_bsk")}}
     # and the GEMV that quantizes its bf16 input itself (QUANT_A: group_quant_tile per chunk)
     for block_m, quant_a in ((1, False), (4, False), (1, True)):
         sig = dict(GEMV, a_ptr="*bf16") if quant_a else GEMV
-        c = dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m, SCALE_BLOCK=128, QUANT_A=quant_a, **FP8)
+        c = dict(ROWS=4, K_CHUNK=1024, BLOCK_M=block_m, SCALE_BLOCK=128, QUANT_A=quant_a, GROUPS=1, **FP8)
         out[f"gemv block_m={block_m} quant_a={quant_a}"] = build(gv._gemv_kernel, sig, c, 4)
-    # most M = 1 TABLE rows: 4 rows x 2048 values on 2 warps (blockscale_mm.py, GEMV_WIDE)
-    c = dict(ROWS=4, K_CHUNK=2048, BLOCK_M=1, SCALE_BLOCK=128, QUANT_A=False, **FP8)
-    out["gemv rows=4 k_chunk=2048 warps=2"] = build(gv._gemv_kernel, GEMV, c, 2)
+    # most M = 1 TABLE rows: 4 rows x 2048 values on 2 warps (blockscale_mm.py, GEMV_WIDE); and HF's q / k / v in
+    # one launch at that config (the grouped GEMV: a per-program choice of weight pointers)
+    for groups in (1, 3):
+        c = dict(ROWS=4, K_CHUNK=2048, BLOCK_M=1, SCALE_BLOCK=128, QUANT_A=False, GROUPS=groups, **FP8)
+        out[f"gemv rows=4 k_chunk=2048 warps=2 groups={groups}"] = build(gv._gemv_kernel, GEMV, c, 2)
     # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket), and
     # rows = G (each program quantizes its own group). That one at a 128-column chunk: at 512, its two [128, 512]
     # weight tiles (no TABLE row uses them) had not compiled after 6 (Triton 3.9) / 8 (3.8) minutes of a CPU core
@@ -232,7 +235,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 50, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
+    assert len(result) == 51, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

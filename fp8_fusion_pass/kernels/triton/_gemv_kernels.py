@@ -23,6 +23,10 @@ registers per thread, so 4 programs fit per SM by registers, each with an 8 KB c
 where 8 x 1024 on 4 warps (198 registers, 2 programs) kept 16 KB. The bytes in flight per SM, set by registers
 per program, are what the streaming read needed (not profiled beyond that).
 
+Grouped (``gemv_mm_grouped``, ``GROUPS`` 2-3): HF's separate q / k / v or gate / up weights in one launch, each
+read in place. Every weight but the last holds a whole number of ``rows`` rows, so a program's rows lie in one
+weight: it picks that weight's pointers once and runs the loop above, each row summed as ``gemv_mm`` sums it.
+
 Ruled out (probe d9fc647, withdrawn): loading the weight chunks one or two steps ahead of the one being summed
 (loop-carried fp8 tiles, 1 register byte per byte in flight, where the summed fp32 chunk costs ~12). Offline sm_90
 compiles (Triton 3.6) put the committed rows 8 x 1024 at 198 registers, 2 programs per SM, 16 KB in flight per SM
@@ -103,21 +107,34 @@ def _chunk_dot(w, ws, x, xs, ROWS: tl.constexpr, K_CHUNK: tl.constexpr, SCALE_BL
 
 
 # M and N vary per call: no divisibility specialization for them.
-@triton.jit(do_not_specialize=["M", "N"])
+@triton.jit(do_not_specialize=["M", "N", "N1", "N2"])
 def _gemv_kernel(
     a_ptr,  # q [M, K] fp8, K contiguous
-    b_ptr,  # w_q [N, K] fp8, K contiguous
+    b_ptr,  # w_q [N, K] fp8, K contiguous (GROUPS > 1: the first weight, [N1, K])
     c_ptr,  # out [M, N], row stride stride_cm
     as_ptr,  # activation scales [M, K / 128]
     bs_ptr,  # weight scales [ceil(N / 128), K / 128]
+    b2_ptr, b3_ptr, bs2_ptr, bs3_ptr,  # GROUPS > 1: the other weights and their scales, strides as the first's
     M, N, K,
+    N1, N2,  # GROUPS > 1: the first weights' rows, multiples of ROWS (N: all of them)
     stride_am, stride_bn, stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk,
     ROWS: tl.constexpr, K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     QUANT_A: tl.constexpr,  # a_ptr is the high-precision activation, quantized here (as_ptr unused)
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,
+    GROUPS: tl.constexpr = 1,  # weights in this launch (HF's q / k / v); each program's rows lie in one of them
 ):  # fmt: skip
     rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    if GROUPS > 1:  # the weight holding this program's rows: its pointers, its first output column, its rows
+        row0 = tl.program_id(0) * ROWS
+        in2 = row0 >= N1
+        in3 = row0 >= N1 + N2  # never with two weights (N2 = N - N1)
+        b_ptr = tl.where(in3, b3_ptr, tl.where(in2, b2_ptr, b_ptr))
+        bs_ptr = tl.where(in3, bs3_ptr, tl.where(in2, bs2_ptr, bs_ptr))
+        first = tl.where(in3, N1 + N2, tl.where(in2, N1, 0))
+        c_ptr += first
+        rn -= first
+        N = tl.where(in3, N - N1 - N2, tl.where(in2, N2, N1))
     rn_ok = rn < N
     rn = tl.minimum(rn, N - 1).to(tl.int64)  # out-of-range rows read row N - 1; their stores are masked
     offs_m = tl.arange(0, BLOCK_M)
@@ -144,19 +161,37 @@ def unsupported(m: int, k: int, group: int) -> str | None:
     return None
 
 
-def _launch(a, a_scale, w_q, w_scale, out_dtype, config: GemvConfig, quant_a: bool) -> torch.Tensor:
+def _launch(a, a_scale, w_qs, w_scales, out_dtype, config: GemvConfig, quant_a: bool) -> torch.Tensor:
     m, k = a.shape
-    n = w_q.shape[0]
+    ns = [w.shape[0] for w in w_qs]
+    n = sum(ns)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
+    groups = len(w_qs)
+    # the second and third weight slots (b2, b3, then their scales); a slot with no weight repeats the first, unread
+    more = [*w_qs[1:], *[w_qs[0]] * (3 - groups), *w_scales[1:], *[w_scales[0]] * (3 - groups)]
+    n2 = ns[1] if groups > 2 else n - ns[0]  # with two weights the second holds the rest
     _gemv_kernel[(triton.cdiv(n, config.rows),)](
-        a, w_q, out, a_scale, w_scale, m, n, k,
-        a.stride(0), w_q.stride(0), out.stride(0), *a_scale.stride(), *w_scale.stride(),
+        a, w_qs[0], out, a_scale, w_scales[0], *more, m, n, k, ns[0], n2,
+        a.stride(0), w_qs[0].stride(0), out.stride(0), *a_scale.stride(), *w_scales[0].stride(),
         ROWS=config.rows, K_CHUNK=config.k_chunk, BLOCK_M=triton.next_power_of_2(m), SCALE_BLOCK=SCALE_BLOCK,
-        QUANT_A=quant_a, **kernel_constexprs(a.device), num_warps=config.warps, num_stages=config.stages,
+        QUANT_A=quant_a, **kernel_constexprs(a.device), GROUPS=groups, num_warps=config.warps,
+        num_stages=config.stages,
     )  # fmt: skip
     return out
+
+
+def grouped_unsupported(w_qs, w_scales, config: GemvConfig) -> str | None:
+    """Why one GEMV launch cannot read these weights in place (None when it can): at most three, one layout, and
+    every weight but the last a whole number of ``config.rows`` rows (a program's rows lie in one weight)."""
+    if not 1 <= len(w_qs) <= 3:
+        return f"the GEMV takes 1 to 3 weights, got {len(w_qs)}"
+    if len({w.stride() for w in w_qs}) != 1 or len({s.stride() for s in w_scales}) != 1:
+        return "the weights (or their scales) are laid out differently (strides)"
+    if any(w.shape[0] % config.rows for w in w_qs[:-1]):
+        return f"a weight before the last has rows that are not a multiple of the config's {config.rows}"
+    return None
 
 
 def gemv_mm(q, x_scale, w_q, w_scale, out_dtype, config: GemvConfig | None = None) -> torch.Tensor:
@@ -165,7 +200,18 @@ def gemv_mm(q, x_scale, w_q, w_scale, out_dtype, config: GemvConfig | None = Non
     reason = unsupported(m, k, k // x_scale.shape[1])
     if reason is not None:
         raise ValueError(f"blockscale GEMV: {reason}")
-    return _launch(q, x_scale, w_q, w_scale, out_dtype, config or GemvConfig(), False)
+    return _launch(q, x_scale, [w_q], [w_scale], out_dtype, config or GemvConfig(), False)
+
+
+def gemv_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype, config: GemvConfig) -> torch.Tensor:
+    """``cat([gemv_mm(q, x_scale, w, s, out_dtype, config) for w, s in zip(w_qs, w_scales)], -1)`` in one launch,
+    each weight read in place, bit for bit (each row summed as ``gemv_mm`` sums it at ``config``). Inputs validated
+    by the caller (``checks.py``); ValueError where it cannot (``unsupported``, ``grouped_unsupported``)."""
+    m, k = q.shape
+    reason = unsupported(m, k, k // x_scale.shape[1]) or grouped_unsupported(w_qs, w_scales, config)
+    if reason is not None:
+        raise ValueError(f"blockscale GEMV (grouped): {reason}")
+    return _launch(q, x_scale, list(w_qs), list(w_scales), out_dtype, config, False)
 
 
 def gemv_mm_bf16(x, w_q, w_scale, out_dtype, config: GemvConfig | None = None) -> torch.Tensor:
@@ -177,4 +223,4 @@ def gemv_mm_bf16(x, w_q, w_scale, out_dtype, config: GemvConfig | None = None) -
     reason = unsupported(m, k, SCALE_BLOCK)
     if reason is not None:
         raise ValueError(f"blockscale GEMV: {reason}")
-    return _launch(x, w_scale, w_q, w_scale, out_dtype, config or GemvConfig(), True)  # a_scale unused
+    return _launch(x, w_scale, [w_q], [w_scale], out_dtype, config or GemvConfig(), True)  # a_scale unused

@@ -4,9 +4,18 @@ k / v or gate / up projections) in one small-M launch, each reading its own weig
 At decode each of those GEMMs is one or two launches of a few microseconds, much of it a fixed ramp and tail
 (``_small_m_kernels.py``); one launch over the concatenated N tiles pays that once and has the merged shape's
 parallelism. It is used where ``blockscale_mm`` would run the merged shape (N = sum of the N_i) on the small-M
-path (or the GEMV, M = 1: then the small-M kernel's best measured config, ``blockscale_mm.SMALL_M_BEST``), with
-that plan's config (the merged rows of ``blockscale_mm.TABLE``: Qwen3-8B qkv 6144 x 4096, gate_up
-24576 x 4096). Anything else is ``torch.cat`` of per-weight ``blockscale_mm`` calls: the same values.
+path or the GEMV, with that plan's config (the merged rows of ``blockscale_mm.TABLE``: Qwen3-8B qkv 6144 x 4096,
+gate_up 24576 x 4096): the GEMV at one row (``gemv_mm_grouped``: each program's rows lie in one weight, the merged
+shape's loop), else the small-M kernel; where the GEMV cannot read the weights in place (a weight before the last
+not a whole number of its rows per program, differing strides), the small-M kernel's best config measured beside
+the GEMV row (``blockscale_mm.SMALL_M_BEST``). Anything else is ``torch.cat`` of per-weight ``blockscale_mm``
+calls: the same values.
+
+The grouped GEMV has not been timed on a GPU yet (2026-12-04: written after that session's device time was spent).
+It runs the merged shape's GEMV row, whose loop it is, and the same session measured a per-row choice of weight
+pointer in the SiLU-quant GEMV at the plain GEMV's time (docs/benchmarks.md, "The SiLU-quant GEMV at one row,
+again"); the small-M launch it replaces took 10.45 / 31.25 us at one row where the merged GEMV rows took 8.7 / 28.9
+(Qwen3-8B q|k|v, Llama-3.1-8B gate|up). Predicted, not measured.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import torch
 from ... import arch as _arch
 from .. import checks
 from . import blockscale_mm as _bm
+from ._gemv_kernels import GemvConfig, gemv_mm_grouped, grouped_unsupported
 from ._small_m_kernels import MAX_GROUPS, small_m_mm_grouped
 
 OP = "blockscale_mm_grouped"
@@ -33,15 +43,20 @@ def _check(q, x_scale, w_qs, w_scales, out_dtype) -> None:
         checks.blockscale_mm_args(f"{OP} (weight {i})", q, x_scale, w, ws, out_dtype)
 
 
-def grouped_choice(q, x_scale, w_qs, out_dtype) -> _bm.Choice | None:
-    """The merged shape's small-M plan when one grouped launch can run it, else None (per-weight GEMMs)."""
+def grouped_choice(q, x_scale, w_qs, out_dtype, w_scales=None) -> _bm.Choice | None:
+    """The merged shape's plan when one grouped launch can run it (its GEMV, or its small-M config), else None
+    (per-weight GEMMs). Without ``w_scales`` the scales are taken to share the weights' layout."""
     if not 2 <= len(w_qs) <= MAX_GROUPS:
         return None
     m, k = q.shape
     n, group = sum(w.shape[0] for w in w_qs), k // x_scale.shape[1]
     a = _arch.arch_of(q.device)
-    # Where the merged shape's plan is the GEMV (M = 1), the grouped launch runs the small-M kernel at that
-    # shape's measured best config (blockscale_mm.SMALL_M_BEST): the measured grouped HF decode kept as it was.
+    merged = _bm.plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
+    if merged.path == "gemv":
+        scales = w_scales if w_scales is not None else [x_scale] * len(w_qs)  # a stand-in of one layout
+        if grouped_unsupported(w_qs, scales, merged.config or GemvConfig()) is None:
+            return merged
+    # The merged plan is small-M, or the GEMV cannot read these weights: the small-M config measured beside it.
     return _bm.small_m_plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
 
 
@@ -49,7 +64,9 @@ def blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype: torch.dtype) ->
     """``y [M, sum N_i] = cat([blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)],
     -1)`` (fp32 accumulation, per-128-K promotion; not bitwise the separate launches' when the config differs)."""
     _check(q, x_scale, w_qs, w_scales, out_dtype)
-    choice = grouped_choice(q, x_scale, w_qs, out_dtype)
+    choice = grouped_choice(q, x_scale, w_qs, out_dtype, w_scales)
     if choice is None:
         return torch.cat([_bm.blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)], -1)
+    if choice.path == "gemv":
+        return gemv_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype, choice.config or GemvConfig())
     return small_m_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype, choice.config)
