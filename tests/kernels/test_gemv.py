@@ -117,3 +117,21 @@ def test_grouped_gemv_refuses_what_it_cannot_read_in_place():
 def test_every_gemv_table_row_has_a_small_m_fallback():
     gemv_rows = {key for key, choice in bm.TABLE.items() if choice.path == "gemv"}
     assert gemv_rows and gemv_rows <= set(bm.SMALL_M_BEST)
+
+
+def test_grouped_benchmark_dry_run_times_every_launch(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out_json = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "grouped_gemm.py"), "--dry-run",
+                           "--json", str(out_json)], env=dict(os.environ, PYTHONPATH=root), capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out_json) as f:
+        (row,) = json.load(f)["rows"]
+    assert all(isinstance(row[key], float) for key in ("separate_us", "grouped_small_m_us", "grouped_gemv_us",
+                                                        "merged_us")), row  # fmt: skip

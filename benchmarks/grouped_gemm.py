@@ -1,0 +1,126 @@
+"""HF's separate q / k / v and gate / up GEMMs at decode: one grouped launch (the GEMV or the small-M kernel)
+against the separate launches and the merged weight's GEMM, at the row counts where ``blockscale_mm_grouped``
+runs the GEMV.
+
+    python benchmarks/grouped_gemm.py --ms 1 --json grouped_gemm.json
+    python benchmarks/grouped_gemm.py --dry-run        # CPU, Triton interpreter, one tiny shape: checks the script
+
+For each group of weights (N_i x K) of Qwen3-8B, Llama-3.1-8B and Qwen3-32B at TP1:
+- "separate": ``blockscale_mm`` per weight (each its TABLE path), what the graph runs without ``group_gemm``;
+- "grouped GEMV": ``gemv_mm_grouped`` at the merged shape's TABLE config, what ``blockscale_mm_grouped`` runs there
+  since cd6548b, first checked bit for bit against the separate GEMVs at that config (WRONG otherwise);
+- "grouped small-M": ``small_m_mm_grouped`` at ``blockscale_mm.SMALL_M_BEST``, what it ran there before;
+- "merged GEMV": ``blockscale_mm`` on one merged [sum N_i, K] weight (the engine form's), the loop the grouped
+  GEMV runs;
+- the roofline: weight and scale bytes, activation and output, over the copy bandwidth.
+Timing as ``benchmarks/gemm.py``: CUDA-graph replays cycling weight copies beyond 3x the 50 MB L2, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if "--dry-run" in sys.argv:  # must precede the first triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+from _timing import copy_bandwidth, time_graph
+from tabulate import tabulate
+
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig, gemv_mm, gemv_mm_grouped
+from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig, small_m_mm_grouped
+
+# (name, [N_i], K) at TP1: the HF form's separate projections
+SHAPES = [("qwen3-8b q|k|v", [4096, 1024, 1024], 4096), ("qwen3-8b gate|up", [12288, 12288], 4096),
+          ("llama3.1-8b q|k|v", [4096, 1024, 1024], 4096), ("llama3.1-8b gate|up", [14336, 14336], 4096),
+          ("qwen3-32b q|k|v", [8192, 1024, 1024], 5120), ("qwen3-32b gate|up", [25600, 25600], 5120)]  # fmt: skip
+DEVICE = "cuda"  # "cpu" under --dry-run
+ROTATE_BYTES = 150e6
+G = 128
+
+
+def log(msg: str) -> None:
+    print(f"[grouped_gemm {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_point(name: str, ns: list[int], k: int, m: int, bw: float, a: arch.Arch) -> dict:
+    fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
+    n = sum(ns)
+    copies = max(2, math.ceil(ROTATE_BYTES / (n * k)))
+    merged = [ref.quantize_weight_blockwise(torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.05,
+                                            (128, 128), fp8, fp8_max) for _ in range(copies)]  # fmt: skip
+    starts = [sum(ns[:i]) for i in range(len(ns))]
+    parts = [([w[s:s + ni] for s, ni in zip(starts, ns)], [sc[s // 128:(s + ni) // 128] for s, ni in zip(starts, ns)])
+             for w, sc in merged]  # fmt: skip
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    q, xs = ref.group_quant(x, G, fp8, fp8_max)
+    plan = bm.plan(a, DEVICE, fp8, m, n, k, G, torch.bfloat16)
+    best = bm.SMALL_M_BEST.get((a.name, bm.m_bucket(m), n, k))
+    roof = (n * k + (n // 128) * (k // 128) * 4 + m * k + 2 * m * n) / bw * 1e6
+    out = {"shape": name, "M": m, "N": ns, "K": k, "merged_plan": str(plan), "roofline_us": roof}
+    out["separate_us"] = time_graph(lambda c: [bm.blockscale_mm(q, xs, w, s, torch.bfloat16)
+                                               for w, s in zip(*parts[c])], copies, DEVICE == "cpu")  # fmt: skip
+    out["merged_us"] = time_graph(lambda c: bm.blockscale_mm(q, xs, *merged[c], torch.bfloat16), copies,
+                                  DEVICE == "cpu")  # fmt: skip
+    if best is not None:
+        out["grouped_small_m_us"] = time_graph(lambda c: small_m_mm_grouped(q, xs, *parts[c], torch.bfloat16, best),
+                                               copies, DEVICE == "cpu")  # fmt: skip
+    if plan.path == "gemv":
+        cfg = plan.config or GemvConfig()
+        got = gemv_mm_grouped(q, xs, *parts[0], torch.bfloat16, cfg)
+        want = torch.cat([gemv_mm(q, xs, w, s, torch.bfloat16, cfg) for w, s in zip(*parts[0])], -1)
+        out["grouped_gemv_us"] = (time_graph(lambda c: gemv_mm_grouped(q, xs, *parts[c], torch.bfloat16, cfg),
+                                             copies, DEVICE == "cpu") if torch.equal(got, want) else "WRONG")  # fmt: skip
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ms", default="1", help="comma-separated row counts (the GEMV's: <= 4)")
+    p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
+    args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = "cpu" if args.dry_run else "cuda"
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/grouped_gemm.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    a = arch.arch_of(DEVICE)
+    ms, shapes = [int(v) for v in args.ms.split(",")], SHAPES
+    if args.dry_run:
+        ms, shapes = [1], [("tiny q|k|v", [256, 128, 128], 256)]
+        bm.TABLE[(a.name, 1, 512, 256)] = bm.Choice("gemv", GemvConfig(4, 256, 4, 1))  # this process only
+        bm.SMALL_M_BEST[(a.name, 1, 512, 256)] = SmallMConfig(64, 1, 4, 2, "last")
+    bw = copy_bandwidth(args.dry_run)
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
+    log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")
+    rows = []
+    for sname, ns, k in shapes:
+        for m in ms:
+            log(f"{sname} M={m}")
+            rows.append(run_point(sname, ns, k, m, bw, a))
+    print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["separate_us"], r.get("grouped_small_m_us", "-"),
+                     r.get("grouped_gemv_us", "-"), r["merged_us"]] for r in rows],
+                   headers=["weights", "M", "roofline", "separate", "grouped small-M", "grouped GEMV", "merged"],
+                   floatfmt=".2f"))  # fmt: skip
+    print(f"\n({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s, "
+          "by `python benchmarks/grouped_gemm.py`)")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth": bw, "device": name, "rows": rows}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
