@@ -320,7 +320,7 @@ def test_grouped_gemv_is_the_separate_gemvs_bitwise(m, ns, k):
 
     q, xs, _, _ = make_inputs(m, 128, k, device="cuda", seed=1)
     ws, ss = zip(*[make_inputs(m, n, k, device="cuda", seed=2 + i)[2:] for i, n in enumerate(ns)])
-    choice = bmg.grouped_choice(q, xs, ws, BF16, ss)
+    choice = bmg.grouped_choice(q, xs, ws, ss, BF16)
     assert m > 1 or choice.path == "gemv", choice  # M = 1: every merged shape here has a GEMV row
     if choice.path != "gemv":
         return  # M = 3 (bucket 4): the small-M rows, covered above

@@ -78,14 +78,14 @@ def test_grouped_launch_runs_the_gemv_where_the_merged_plan_is_the_gemv(monkeypa
     best = SmallMConfig(64, 2, 4, 2, "last")
     monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(4, 256)))
     monkeypatch.setitem(bm.SMALL_M_BEST, (a.name, 1, 256, 512), best)
-    assert bmg.grouped_choice(q, xs, ws, BF16, ss) == bm.Choice("gemv", GemvConfig(4, 256))
+    assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.Choice("gemv", GemvConfig(4, 256))
     assert torch.equal(bmg.blockscale_mm_grouped(q, xs, ws, ss, BF16),
                        torch.cat([gemv_mm(q, xs, wi, si, BF16, GemvConfig(4, 256)) for wi, si in zip(ws, ss)], -1))
     # a program's rows would straddle the two weights (256 rows per program, 128 in the first): the small-M config
     monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(256, 256)))
-    assert bmg.grouped_choice(q, xs, ws, BF16, ss) == bm.Choice("small_m", best)
+    assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.Choice("small_m", best)
     monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("tiled"))  # another path won: separate GEMMs
-    assert bmg.grouped_choice(q, xs, ws, BF16, ss) is None
+    assert bmg.grouped_choice(q, xs, ws, ss, BF16) is None
 
 
 @pytest.mark.parametrize("ns, config", [((256, 128, 128), GemvConfig(4, 256)),  # q / k / v

@@ -124,12 +124,13 @@ def test_dispatcher_takes_the_merged_shapes_table_row(ns, merged):
     # its TABLE row, the GEMV, which reads the weights in place; at M = 16 its small-M row).
     fp8 = torch.float8_e4m3fn
     ws = [torch.empty(n, 4096, dtype=fp8) for n in ns]
+    ss = [torch.ones(n // 128, 32) for n in ns]
     with arch.simulate_arch("sm90"):
         q, xs = torch.empty(1, 4096, dtype=fp8), torch.ones(1, 32)
         assert bm.TABLE[("sm90", 1, merged, 4096)].path == "gemv"
-        assert bmg.grouped_choice(q, xs, ws, BF16) == bm.TABLE[("sm90", 1, merged, 4096)]
+        assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.TABLE[("sm90", 1, merged, 4096)]
         q, xs = torch.empty(16, 4096, dtype=fp8), torch.ones(16, 32)
-        assert bmg.grouped_choice(q, xs, ws, BF16) == bm.TABLE[("sm90", 16, merged, 4096)]
+        assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.TABLE[("sm90", 16, merged, 4096)]
 
 
 @pytest.mark.parametrize("m, ns", [(1, (32, 32, 32, 32)), (65, (64, 64)), (2, (96,))])
@@ -138,7 +139,7 @@ def test_dispatcher_falls_back_to_separate_gemms(monkeypatch, m, ns):
     calls = _spy(monkeypatch)
     q, xs, ws, ss = _inputs(m, ns, 256)
     y = bmg.blockscale_mm_grouped(q, xs, ws, ss, FP32)
-    assert calls == [] and bmg.grouped_choice(q, xs, ws, FP32) is None
+    assert calls == [] and bmg.grouped_choice(q, xs, ws, ss, FP32) is None
     assert torch.equal(y, torch.cat([bm.blockscale_mm(q, xs, w, s, FP32) for w, s in zip(ws, ss)], -1))
     assert_close(y, _oracle(q, xs, ws, ss), FP32, "fallback")
 

@@ -37,7 +37,9 @@ from ._small_m_silu_kernels import _TL_DTYPES, _quant_store, _silu_mul
 
 @triton.jit
 def _weight_rows_chunk(w_rows, s_rows, k0, K, stride_bsk, K_CHUNK: tl.constexpr, SCALE_BLOCK: tl.constexpr):
-    """``_gemv_kernels._weight_chunk`` for rows given by their start pointers ``w_rows`` (and their scale rows')."""
+    """``_gemv_kernels._weight_chunk`` for rows given by their start pointers ``w_rows`` (and their scale rows').
+    A twin, not its base: written as ``_weight_chunk``'s body, it changed the plain GEMV's PTX (its address setup,
+    Triton 3.6 offline compile), whose TABLE rows were timed on the code as it is."""
     offs_k = tl.arange(0, K_CHUNK)
     k_ok = (k0 + offs_k) < K
     w = tl.load(w_rows[:, None] + (k0 + offs_k)[None, :], mask=k_ok[None, :], other=0.0)

@@ -43,19 +43,17 @@ def _check(q, x_scale, w_qs, w_scales, out_dtype) -> None:
         checks.blockscale_mm_args(f"{OP} (weight {i})", q, x_scale, w, ws, out_dtype)
 
 
-def grouped_choice(q, x_scale, w_qs, out_dtype, w_scales=None) -> _bm.Choice | None:
+def grouped_choice(q, x_scale, w_qs, w_scales, out_dtype) -> _bm.Choice | None:
     """The merged shape's plan when one grouped launch can run it (its GEMV, or its small-M config), else None
-    (per-weight GEMMs). Without ``w_scales`` the scales are taken to share the weights' layout."""
+    (per-weight GEMMs)."""
     if not 2 <= len(w_qs) <= MAX_GROUPS:
         return None
     m, k = q.shape
     n, group = sum(w.shape[0] for w in w_qs), k // x_scale.shape[1]
     a = _arch.arch_of(q.device)
     merged = _bm.plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
-    if merged.path == "gemv":
-        scales = w_scales if w_scales is not None else [x_scale] * len(w_qs)  # a stand-in of one layout
-        if grouped_unsupported(w_qs, scales, merged.config or GemvConfig()) is None:
-            return merged
+    if merged.path == "gemv" and grouped_unsupported(w_qs, w_scales, merged.config or GemvConfig()) is None:
+        return merged
     # The merged plan is small-M, or the GEMV cannot read these weights: the small-M config measured beside it.
     return _bm.small_m_plan(a, q.device.type, q.dtype, m, n, k, group, out_dtype)
 
@@ -64,7 +62,7 @@ def blockscale_mm_grouped(q, x_scale, w_qs, w_scales, out_dtype: torch.dtype) ->
     """``y [M, sum N_i] = cat([blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)],
     -1)`` (fp32 accumulation, per-128-K promotion; not bitwise the separate launches' when the config differs)."""
     _check(q, x_scale, w_qs, w_scales, out_dtype)
-    choice = grouped_choice(q, x_scale, w_qs, out_dtype, w_scales)
+    choice = grouped_choice(q, x_scale, w_qs, w_scales, out_dtype)
     if choice is None:
         return torch.cat([_bm.blockscale_mm(q, x_scale, w, ws, out_dtype) for w, ws in zip(w_qs, w_scales)], -1)
     if choice.path == "gemv":
