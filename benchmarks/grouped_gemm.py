@@ -1,6 +1,6 @@
 """HF's separate q / k / v and gate / up GEMMs at decode: one grouped launch (the GEMV or the small-M kernel)
 against the separate launches and the merged weight's GEMM, at the row counts where ``blockscale_mm_grouped``
-runs the GEMV.
+runs the GEMV (M = 1) and the small-M kernel (M = 2-4).
 
     python benchmarks/grouped_gemm.py --ms 1 --json grouped_gemm.json
     python benchmarks/grouped_gemm.py --dry-run        # CPU, Triton interpreter, one tiny shape: checks the script
@@ -9,7 +9,8 @@ For each group of weights (N_i x K) of Qwen3-8B, Llama-3.1-8B and Qwen3-32B at T
 - "separate": ``blockscale_mm`` per weight (each its TABLE path), what the graph runs without ``group_gemm``;
 - "grouped GEMV": ``gemv_mm_grouped`` at the merged shape's TABLE config, what ``blockscale_mm_grouped`` runs there
   since cd6548b, first checked bit for bit against the separate GEMVs at that config (WRONG otherwise);
-- "grouped small-M": ``small_m_mm_grouped`` at ``blockscale_mm.SMALL_M_BEST``, what it ran there before;
+- "grouped small-M": ``small_m_mm_grouped`` at ``blockscale_mm.small_m_plan``'s config (``SMALL_M_BEST`` beside a
+  GEMV row: what it ran there before cd6548b; the TABLE's small-M row at M = 2-4: what it runs there);
 - "merged GEMV": ``blockscale_mm`` on one merged [sum N_i, K] weight (the engine form's), the loop the grouped
   GEMV runs;
 - the roofline: weight and scale bytes, activation and output, over the copy bandwidth.
@@ -66,16 +67,17 @@ def run_point(name: str, ns: list[int], k: int, m: int, bw: float, a: arch.Arch)
     x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
     q, xs = ref.group_quant(x, G, fp8, fp8_max)
     plan = bm.plan(a, DEVICE, fp8, m, n, k, G, torch.bfloat16)
-    best = bm.SMALL_M_BEST.get((a.name, bm.m_bucket(m), n, k))
+    small = bm.small_m_plan(a, DEVICE, fp8, m, n, k, G, torch.bfloat16)
     roof = (n * k + (n // 128) * (k // 128) * 4 + m * k + 2 * m * n) / bw * 1e6
-    out = {"shape": name, "M": m, "N": ns, "K": k, "merged_plan": str(plan), "roofline_us": roof}
+    out = {"shape": name, "M": m, "N": ns, "K": k, "merged_plan": str(plan), "roofline_us": roof,
+           "pass_runs": "grouped GEMV" if plan.path == "gemv" else "grouped small-M" if small else "separate"}
     out["separate_us"] = time_graph(lambda c: [bm.blockscale_mm(q, xs, w, s, torch.bfloat16)
                                                for w, s in zip(*parts[c])], copies, DEVICE == "cpu")  # fmt: skip
     out["merged_us"] = time_graph(lambda c: bm.blockscale_mm(q, xs, *merged[c], torch.bfloat16), copies,
                                   DEVICE == "cpu")  # fmt: skip
-    if best is not None:
-        out["grouped_small_m_us"] = time_graph(lambda c: small_m_mm_grouped(q, xs, *parts[c], torch.bfloat16, best),
-                                               copies, DEVICE == "cpu")  # fmt: skip
+    if small is not None:
+        out["grouped_small_m_us"] = time_graph(
+            lambda c: small_m_mm_grouped(q, xs, *parts[c], torch.bfloat16, small.config), copies, DEVICE == "cpu")
     if plan.path == "gemv":
         cfg = plan.config or GemvConfig()
         got = gemv_mm_grouped(q, xs, *parts[0], torch.bfloat16, cfg)
@@ -83,6 +85,12 @@ def run_point(name: str, ns: list[int], k: int, m: int, bw: float, a: arch.Arch)
         out["grouped_gemv_us"] = (time_graph(lambda c: gemv_mm_grouped(q, xs, *parts[c], torch.bfloat16, cfg),
                                              copies, DEVICE == "cpu") if torch.equal(got, want) else "WRONG")  # fmt: skip
     return out
+
+
+def _us(v) -> str:
+    # one format for every time column: tabulate's floatfmt skips a column that also holds "-" or "WRONG"
+    # (and its number parsing is off at the call, or it would re-format these strings)
+    return str(v) if isinstance(v, str) else f"{v:.2f}"
 
 
 def main(argv=None) -> int:
@@ -110,10 +118,10 @@ def main(argv=None) -> int:
         for m in ms:
             log(f"{sname} M={m}")
             rows.append(run_point(sname, ns, k, m, bw, a))
-    print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["separate_us"], r.get("grouped_small_m_us", "-"),
-                     r.get("grouped_gemv_us", "-"), r["merged_us"]] for r in rows],
-                   headers=["weights", "M", "roofline", "separate", "grouped small-M", "grouped GEMV", "merged"],
-                   floatfmt=".2f"))  # fmt: skip
+    cols = ["roofline_us", "separate_us", "grouped_small_m_us", "grouped_gemv_us", "merged_us"]
+    print(tabulate([[r["shape"], r["M"], *(_us(r.get(c, "-")) for c in cols), r["pass_runs"]] for r in rows],
+                   headers=["weights", "M", "roofline", "separate", "grouped small-M", "grouped GEMV", "merged",
+                            "the pass runs"], disable_numparse=True))  # fmt: skip
     print(f"\n({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s, "
           "by `python benchmarks/grouped_gemm.py`)")  # fmt: skip
     if args.json:
