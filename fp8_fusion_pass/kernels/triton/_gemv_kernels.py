@@ -26,6 +26,7 @@ per program, are what the streaming read needed (not profiled beyond that).
 Grouped (``gemv_mm_grouped``, ``GROUPS`` 2-3): HF's separate q / k / v or gate / up weights in one launch, each
 read in place. Every weight but the last holds a whole number of ``rows`` rows, so a program's rows lie in one
 weight: it picks that weight's pointers once and runs the loop above, each row summed as ``gemv_mm`` sums it.
+Measured on the H200 (``benchmarks/grouped_gemm.py``): 0.99-1.01x the merged weight's GEMV at one row.
 
 Ruled out (probe d9fc647, withdrawn): loading the weight chunks one or two steps ahead of the one being summed
 (loop-carried fp8 tiles, 1 register byte per byte in flight, where the summed fp32 chunk costs ~12). Offline sm_90
