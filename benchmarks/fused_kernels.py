@@ -45,6 +45,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 
 import _kernel_sweep
 import _plot
+import _script
 import triton
 from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
@@ -254,7 +255,7 @@ def report(rows: list[dict], out_dir: str, bw: float) -> None:
              ROOFLINE_TARGET)
     _summary("all M: fused / best peer", rows, "fused_over_best_peer", PEER_TARGET)
     print(
-        f"copy bandwidth {bw / 1e12:.2f} TB/s; {device_name()}; torch {torch.__version__}; Triton {triton.__version__}"
+        f"copy bandwidth {bw / 1e12:.2f} TB/s; {_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}"
     )
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "kernels.csv")
@@ -286,10 +287,6 @@ def read_csv(path: str) -> list[dict]:
     return _plot.read_csv(path, ints=("K", "M"))
 
 
-def device_name() -> str:
-    return torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="K 4096, 5120 (norms), 12288, 25600 (silu); M 1, 2048, 8192")
@@ -308,9 +305,8 @@ def main(argv=None) -> int:
         plot(read_csv(args.replot), os.path.join(args.out, "kernels.png"))
         return 0
     global DEVICE, MODELS
-    DEVICE = "cpu" if args.dry_run else "cuda"
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/fused_kernels.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+    DEVICE = _script.pick_device(__file__, args.dry_run)
+    if DEVICE is None:
         return 2
     ops = args.ops.split(",") if args.ops else list(OPS)
     known = OPS + SWEEP_ONLY_OPS if args.sweep else OPS
@@ -329,11 +325,11 @@ def main(argv=None) -> int:
         MODELS = {"tiny": (256, 384)}
         ms, sizes = [5, 1], set()
     bw = copy_bandwidth(args.dry_run)
-    log(f"{device_name()}; torch {torch.__version__}, Triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    log(f"{_script.device_name(DEVICE)}; torch {torch.__version__}, Triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s")
     t0 = time.time()
     if args.sweep:
         rows = _kernel_sweep.run(Case, ops, sizes_of, sizes, ms, bw, args.dry_run, args.budget_s)
-        _kernel_sweep.print_table(rows, f"{device_name()}; torch {torch.__version__}; Triton {triton.__version__}; "
+        _kernel_sweep.print_table(rows, f"{_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}; "
                                   f"{time.strftime('%Y-%m-%d')}; copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     else:
         rows = run(ops, sizes, ms, bw, with_inductor=not args.no_inductor)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -45,6 +44,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _gemm_sweep as sweep
+import _script
 import triton
 from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
@@ -104,10 +104,6 @@ SWEEP_TILED = [
     TiledConfig(128, 256, 8, 8, 3),
     TiledConfig(64, 256, 8, 4, 3),
 ]
-
-
-def device_name() -> str:
-    return torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
 
 
 def log(msg: str) -> None:
@@ -335,7 +331,7 @@ def print_report(rows, table_rows) -> None:
         ]
         print(f"small_m.py 'worth it' (bf16 input faster than the best fp8-input GEMM): {', '.join(worth) or 'none'}")
     print("\n# Paste into TABLE in fp8_fusion_pass/kernels/triton/blockscale_mm.py")
-    print(f"# measured {time.strftime('%Y-%m-%d')} on {device_name()}, torch {torch.__version__}, "
+    print(f"# measured {time.strftime('%Y-%m-%d')} on {_script.device_name(DEVICE)}, torch {torch.__version__}, "
           f"Triton {triton.__version__}, by `python benchmarks/gemm.py`")  # fmt: skip
     print("\n".join(table_rows))
     print("\nBest small-M config per shape and M:")
@@ -354,9 +350,8 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
-    DEVICE = "cpu" if args.dry_run else "cuda"
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/gemm.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+    DEVICE = _script.pick_device(__file__, args.dry_run)
+    if DEVICE is None:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the correctness oracle is a true fp32 matmul
     a = arch.arch_of(DEVICE)
@@ -373,15 +368,12 @@ def main(argv=None) -> int:
         shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
         gemv_sweep = [GemvConfig(4, 256)]  # (M = 1 / 65: no M where the rows split applies)
     bw = copy_bandwidth(args.dry_run)
-    log(f"{device_name()} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
-        f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
+    log(_script.setup_line(DEVICE, a.name, bw))
     t0 = time.time()
     rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"bandwidth": bw, "device": device_name(), "rows": rows}, f, indent=1, default=str)
+    _script.write_json(args.json, bw, DEVICE, rows)
     return 0
 
 

@@ -20,7 +20,6 @@ Timing as ``benchmarks/gemm.py``: CUDA-graph replays cycling weight copies beyon
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import _script
 import triton
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
@@ -100,9 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
-    DEVICE = "cpu" if args.dry_run else "cuda"
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/grouped_gemm.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+    DEVICE = _script.pick_device(__file__, args.dry_run)
+    if DEVICE is None:
         return 2
     a = arch.arch_of(DEVICE)
     ms, shapes = [int(v) for v in args.ms.split(",")], SHAPES
@@ -111,8 +110,8 @@ def main(argv=None) -> int:
         bm.TABLE[(a.name, 1, 512, 256)] = bm.Choice("gemv", GemvConfig(4, 256, 4, 1))  # this process only
         bm.SMALL_M_BEST[(a.name, 1, 512, 256)] = SmallMConfig(64, 1, 4, 2, "last")
     bw = copy_bandwidth(args.dry_run)
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
-    log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")
+    name = _script.device_name(DEVICE)
+    log(_script.setup_line(DEVICE, a.name, bw))
     rows = []
     for sname, ns, k in shapes:
         for m in ms:
@@ -124,9 +123,7 @@ def main(argv=None) -> int:
                             "the pass runs"], disable_numparse=True))  # fmt: skip
     print(f"\n({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s, "
           "by `python benchmarks/grouped_gemm.py`)")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"bandwidth": bw, "device": name, "rows": rows}, f, indent=1, default=str)
+    _script.write_json(args.json, bw, DEVICE, rows)
     return 0
 
 

@@ -22,7 +22,6 @@ the fp8 weight bytes (+ scales) over the copy bandwidth measured in the same run
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -34,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import _script
 import triton
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
@@ -198,17 +198,14 @@ def main(argv=None) -> int:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     ms = [1] if args.dry_run else [int(v) for v in args.ms.split(",")]
     bw = copy_bandwidth(args.dry_run)
-    device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
-    log(f"{device} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; "
-        f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
+    device = _script.device_name(DEVICE)
+    log(_script.setup_line(DEVICE, a.name, bw))
     t0 = time.time()
     rows = run(shapes, ms, bw, a, args.dry_run)
     print(f"\n{device}, torch {torch.__version__}, Triton {triton.__version__}, copy bandwidth {bw / 1e12:.2f} TB/s; "
           f"{len(rows)} rows in {time.time() - t0:.0f} s\n")  # fmt: skip
     print_report(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"bandwidth": bw, "device": device, "rows": rows}, f, indent=1, default=str)
+    _script.write_json(args.json, bw, DEVICE, rows)
     return 0
 
 

@@ -20,7 +20,6 @@ A TABLE row names the best fused config (of "fused" and the sweep) where it beat
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import _script
 import triton
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
@@ -115,9 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
-    DEVICE = "cpu" if args.dry_run else "cuda"
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/quant_gemm.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+    DEVICE = _script.pick_device(__file__, args.dry_run)
+    if DEVICE is None:
         return 2
     a = arch.arch_of(DEVICE)
     ms, shapes = [int(v) for v in args.ms.split(",")], SHAPES
@@ -125,8 +124,8 @@ def main(argv=None) -> int:
         ms, shapes = [1], [("tiny", 256, 512)]
         bm.TABLE[(a.name, 1, 256, 512)] = bm.Choice("gemv", bm.GemvConfig(4, 256, 4, 1))  # this process only
     bw = copy_bandwidth(args.dry_run)
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
-    log(f"{name} ({a.name}); torch {torch.__version__}, Triton {triton.__version__}; copy {bw / 1e12:.2f} TB/s")
+    name = _script.device_name(DEVICE)
+    log(_script.setup_line(DEVICE, a.name, bw))
     rows, table = [], []
     for sname, n, k in shapes:
         for m in ms:
@@ -142,9 +141,7 @@ def main(argv=None) -> int:
     print(f"\nTABLE rows ({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s,"
           " by `python benchmarks/quant_gemm.py`):")  # fmt: skip
     print("\n".join(table))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"bandwidth": bw, "device": name, "rows": rows}, f, indent=1, default=str)
+    _script.write_json(args.json, bw, DEVICE, rows)
     return 0
 
 

@@ -46,6 +46,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _plot
+import _script
 import triton
 from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
@@ -320,7 +321,7 @@ def report(rows: list[dict], out_dir: str, bw: float) -> None:
             worst = max(sel, key=lambda r: r[key])
             print(f"{title}: worst {worst[key]:.2f}x at {worst['op']} ({worst['Hq']}, {worst['Hk']}) M={worst['M']} "
                   f"(target <= {target}); {sum(r[key] > target for r in sel)} of {len(sel)} points miss")  # fmt: skip
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {device_name()}; torch {torch.__version__}; Triton {triton.__version__}")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}")
     write_csv(rows, os.path.join(out_dir, "rope_kernels.csv"))
     plot(rows, os.path.join(out_dir, "rope_kernels.png"))
 
@@ -347,10 +348,6 @@ def write_csv(rows: list[dict], path: str) -> None:
     print(f"wrote {path}")
 
 
-def device_name() -> str:
-    return torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", help=f"comma-separated subset of {', '.join(OPS)}")
@@ -368,9 +365,8 @@ def main(argv=None) -> int:
         plot(read_csv(args.replot), os.path.join(args.out, "rope_kernels.png"))
         return 0
     global DEVICE, HEADS, T
-    DEVICE = "cpu" if args.dry_run else "cuda"
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("benchmarks/rope_kernels.py needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+    DEVICE = _script.pick_device(__file__, args.dry_run)
+    if DEVICE is None:
         return 2
     ops = args.ops.split(",") if args.ops else list(OPS)
     unknown = set(ops) - set(OPS)
@@ -382,7 +378,7 @@ def main(argv=None) -> int:
         HEADS = {"qwen3-tiny": (4, 2), "llama-tiny": (4, 2)}
         ms, tps, T = [3, 1], (1,), 8
     bw = copy_bandwidth(args.dry_run)
-    log(f"{device_name()}; torch {torch.__version__}, Triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    log(f"{_script.device_name(DEVICE)}; torch {torch.__version__}, Triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s")
     t0 = time.time()
     if args.sweep:
         rows = sweep(ops, tps, ms, args.budget_s)
@@ -390,7 +386,7 @@ def main(argv=None) -> int:
         cols = ["op", "Hq", "Hk", "M", "n_rows", "rows", "warps", "us", "over_best", "is_default"]
         print(tabulate([[r[c] for c in cols] for r in best], headers=cols, floatfmt=".2f"))
         sweep_summary(rows)
-        print(f"{device_name()}; torch {torch.__version__}; Triton {triton.__version__}; {time.strftime('%Y-%m-%d')}")
+        print(f"{_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}; {time.strftime('%Y-%m-%d')}")
         write_csv(rows, os.path.join(args.out, "rope_sweep.csv"))
     else:
         rows = run(ops, tps, ms, bw, not args.no_inductor, args.budget_s)

@@ -1,0 +1,49 @@
+"""``benchmarks/_script.py``: the device choice, the first log line and the JSON every kernel benchmark shares."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import _script
+
+
+def test_dry_run_is_the_cpu_whatever_the_machine():
+    assert _script.pick_device("benchmarks/gemm.py", True) == "cpu"
+    assert _script.device_name("cpu") == "cpu (dry run)"
+
+
+def test_no_gpu_names_the_script_and_the_way_out(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _script.pick_device("/any/where/benchmarks/grouped_gemm.py", False) is None
+    assert capsys.readouterr().err.strip() == "benchmarks/grouped_gemm.py needs a CUDA GPU (or --dry-run)"
+
+
+def test_a_gpu_is_taken_when_present(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _script.pick_device("gemm.py", False) == "cuda"
+    assert capsys.readouterr().err == ""
+
+
+def test_setup_line_carries_what_a_reader_needs_to_compare_runs():
+    line = _script.setup_line("cpu", "sm90", 4.28e12)
+    assert line.startswith("cpu (dry run) (sm90); torch ") and line.endswith("copy bandwidth 4.28 TB/s")
+
+
+@pytest.mark.parametrize("path", [None, ""])
+def test_no_json_without_a_path(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _script.write_json(path, 1e12, "cpu", [{"M": 1}])
+    assert os.listdir(tmp_path) == []
+
+
+def test_json_holds_the_rows_with_their_bandwidth_and_device(tmp_path):
+    out = tmp_path / "rows.json"
+    _script.write_json(str(out), 4.2e12, "cpu", [{"M": 1, "config": object()}])  # str() of what json cannot hold
+    got = json.loads(out.read_text())
+    assert got["bandwidth"] == 4.2e12 and got["device"] == "cpu (dry run)" and got["rows"][0]["M"] == 1
