@@ -34,6 +34,12 @@ def setup_line(device: str, arch_name: str, bandwidth: float) -> str:
             f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")  # fmt: skip
 
 
+def provenance(device: str, bandwidth: float, script: str) -> str:
+    """What a pasted table row was measured on and by: device, versions, copy bandwidth, the script."""
+    return (f"{device_name(device)}, torch {torch.__version__}, Triton {triton.__version__}, copy "
+            f"{bandwidth / 1e12:.2f} TB/s, by `python benchmarks/{os.path.basename(script)}`")  # fmt: skip
+
+
 def write_json(path: str | None, bandwidth: float, device: str, rows: list[dict]) -> None:
     """The rows as measured (``--json``); nothing without a path."""
     if path:

@@ -32,7 +32,6 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-import triton
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 from triton.compiler.errors import CompilationError
@@ -189,7 +188,6 @@ def main(argv=None) -> int:
         gemv_families = [(4, 256, 4, 1), (2, 512, 2, 1)] if args.gemv_wide else [(4, 256, 4, 1)]
         families = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)]
     bw = copy_bandwidth(args.dry_run)
-    name = _script.device_name(DEVICE)
     log(_script.setup_line(DEVICE, a.name, bw))
     rows, table = [], []
     for sname, i, k in shapes:
@@ -205,8 +203,7 @@ def main(argv=None) -> int:
                      and r["fused_best_us"] else "-", r["fused_best_config"]] for r in rows],
                    headers=["shape", "M", "roofline", "unfused", "fused", "fused / unfused", "best config"],
                    floatfmt=".2f"))  # fmt: skip
-    print(f"\nTABLE rows ({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s,"
-          " by `python benchmarks/gemm_silu_quant.py`):")  # fmt: skip
+    print(f"\nTABLE rows ({_script.provenance(DEVICE, bw, __file__)}):")
     print("\n".join(table))
     _script.write_json(args.json, bw, DEVICE, rows)
     return 0

@@ -32,7 +32,6 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-import triton
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 
@@ -110,7 +109,6 @@ def main(argv=None) -> int:
         bm.TABLE[(a.name, 1, 512, 256)] = bm.Choice("gemv", GemvConfig(4, 256, 4, 1))  # this process only
         bm.SMALL_M_BEST[(a.name, 1, 512, 256)] = SmallMConfig(64, 1, 4, 2, "last")
     bw = copy_bandwidth(args.dry_run)
-    name = _script.device_name(DEVICE)
     log(_script.setup_line(DEVICE, a.name, bw))
     rows = []
     for sname, ns, k in shapes:
@@ -121,8 +119,7 @@ def main(argv=None) -> int:
     print(tabulate([[r["shape"], r["M"], *(_us(r.get(c, "-")) for c in cols), r["pass_runs"]] for r in rows],
                    headers=["weights", "M", "roofline", "separate", "grouped small-M", "grouped GEMV", "merged",
                             "the pass runs"], disable_numparse=True))  # fmt: skip
-    print(f"\n({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s, "
-          "by `python benchmarks/grouped_gemm.py`)")  # fmt: skip
+    print(f"\n({_script.provenance(DEVICE, bw, __file__)})")
     _script.write_json(args.json, bw, DEVICE, rows)
     return 0
 

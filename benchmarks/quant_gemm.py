@@ -32,7 +32,6 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-import triton
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 
@@ -124,7 +123,6 @@ def main(argv=None) -> int:
         ms, shapes = [1], [("tiny", 256, 512)]
         bm.TABLE[(a.name, 1, 256, 512)] = bm.Choice("gemv", bm.GemvConfig(4, 256, 4, 1))  # this process only
     bw = copy_bandwidth(args.dry_run)
-    name = _script.device_name(DEVICE)
     log(_script.setup_line(DEVICE, a.name, bw))
     rows, table = [], []
     for sname, n, k in shapes:
@@ -138,8 +136,7 @@ def main(argv=None) -> int:
                      r.get("best_us", "-"), r["best_config"] or "-"] for r in rows],
                    headers=["shape", "M", "blockscale_mm path", "roofline", "unfused", "fused (its config)",
                             "fused (best)", "best config"], floatfmt=".2f"))  # fmt: skip
-    print(f"\nTABLE rows ({name}, torch {torch.__version__}, Triton {triton.__version__}, copy {bw / 1e12:.2f} TB/s,"
-          " by `python benchmarks/quant_gemm.py`):")  # fmt: skip
+    print(f"\nTABLE rows ({_script.provenance(DEVICE, bw, __file__)}):")
     print("\n".join(table))
     _script.write_json(args.json, bw, DEVICE, rows)
     return 0

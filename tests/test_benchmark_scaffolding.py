@@ -47,3 +47,8 @@ def test_json_holds_the_rows_with_their_bandwidth_and_device(tmp_path):
     _script.write_json(str(out), 4.2e12, "cpu", [{"M": 1, "config": object()}])  # str() of what json cannot hold
     got = json.loads(out.read_text())
     assert got["bandwidth"] == 4.2e12 and got["device"] == "cpu (dry run)" and got["rows"][0]["M"] == 1
+
+
+def test_provenance_names_the_script_that_measured():
+    got = _script.provenance("cpu", 4.28e12, "/x/benchmarks/quant_gemm.py")
+    assert got.startswith("cpu (dry run), torch ") and got.endswith(", copy 4.28 TB/s, by `python benchmarks/quant_gemm.py`")
