@@ -28,6 +28,11 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
 
 
+def versions(device: str) -> str:
+    """"<device>; torch <version>; Triton <version>": what a printed table was measured on."""
+    return f"{device_name(device)}; torch {torch.__version__}; Triton {triton.__version__}"
+
+
 def setup_line(device: str, arch_name: str, bandwidth: float) -> str:
     """The run's first log line: device, arch, versions and the copy bandwidth every roofline divides by."""
     return (f"{device_name(device)} ({arch_name}); torch {torch.__version__}, Triton {triton.__version__}; "

@@ -46,7 +46,6 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 import _kernel_sweep
 import _plot
 import _script
-import triton
 from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
@@ -254,9 +253,7 @@ def report(rows: list[dict], out_dir: str, bw: float) -> None:
     _summary("M >= 2048: fused / read floor", [r for r in rows if r["M"] >= 2048], "fused_over_read_floor",
              ROOFLINE_TARGET)
     _summary("all M: fused / best peer", rows, "fused_over_best_peer", PEER_TARGET)
-    print(
-        f"copy bandwidth {bw / 1e12:.2f} TB/s; {_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}"
-    )
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {_script.versions(DEVICE)}")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "kernels.csv")
     with open(path, "w", newline="") as f:
@@ -325,12 +322,12 @@ def main(argv=None) -> int:
         MODELS = {"tiny": (256, 384)}
         ms, sizes = [5, 1], set()
     bw = copy_bandwidth(args.dry_run)
-    log(f"{_script.device_name(DEVICE)}; torch {torch.__version__}, Triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    log(f"{_script.versions(DEVICE)}; copy bandwidth {bw / 1e12:.2f} TB/s")
     t0 = time.time()
     if args.sweep:
         rows = _kernel_sweep.run(Case, ops, sizes_of, sizes, ms, bw, args.dry_run, args.budget_s)
-        _kernel_sweep.print_table(rows, f"{_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}; "
-                                  f"{time.strftime('%Y-%m-%d')}; copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
+        _kernel_sweep.print_table(rows, f"{_script.versions(DEVICE)}; {time.strftime('%Y-%m-%d')}; "
+                                  f"copy bandwidth {bw / 1e12:.2f} TB/s")  # fmt: skip
     else:
         rows = run(ops, sizes, ms, bw, with_inductor=not args.no_inductor)
         report(rows, args.out, bw)

@@ -47,7 +47,6 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 
 import _plot
 import _script
-import triton
 from _read_floor import ReadFloor
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
@@ -321,7 +320,7 @@ def report(rows: list[dict], out_dir: str, bw: float) -> None:
             worst = max(sel, key=lambda r: r[key])
             print(f"{title}: worst {worst[key]:.2f}x at {worst['op']} ({worst['Hq']}, {worst['Hk']}) M={worst['M']} "
                   f"(target <= {target}); {sum(r[key] > target for r in sel)} of {len(sel)} points miss")  # fmt: skip
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {_script.versions(DEVICE)}")
     write_csv(rows, os.path.join(out_dir, "rope_kernels.csv"))
     plot(rows, os.path.join(out_dir, "rope_kernels.png"))
 
@@ -378,7 +377,7 @@ def main(argv=None) -> int:
         HEADS = {"qwen3-tiny": (4, 2), "llama-tiny": (4, 2)}
         ms, tps, T = [3, 1], (1,), 8
     bw = copy_bandwidth(args.dry_run)
-    log(f"{_script.device_name(DEVICE)}; torch {torch.__version__}, Triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    log(f"{_script.versions(DEVICE)}; copy bandwidth {bw / 1e12:.2f} TB/s")
     t0 = time.time()
     if args.sweep:
         rows = sweep(ops, tps, ms, args.budget_s)
@@ -386,7 +385,7 @@ def main(argv=None) -> int:
         cols = ["op", "Hq", "Hk", "M", "n_rows", "rows", "warps", "us", "over_best", "is_default"]
         print(tabulate([[r[c] for c in cols] for r in best], headers=cols, floatfmt=".2f"))
         sweep_summary(rows)
-        print(f"{_script.device_name(DEVICE)}; torch {torch.__version__}; Triton {triton.__version__}; {time.strftime('%Y-%m-%d')}")
+        print(f"{_script.versions(DEVICE)}; {time.strftime('%Y-%m-%d')}")
         write_csv(rows, os.path.join(args.out, "rope_sweep.csv"))
     else:
         rows = run(ops, tps, ms, bw, not args.no_inductor, args.budget_s)

@@ -51,4 +51,9 @@ def test_json_holds_the_rows_with_their_bandwidth_and_device(tmp_path):
 
 def test_provenance_names_the_script_that_measured():
     got = _script.provenance("cpu", 4.28e12, "/x/benchmarks/quant_gemm.py")
-    assert got.startswith("cpu (dry run), torch ") and got.endswith(", copy 4.28 TB/s, by `python benchmarks/quant_gemm.py`")
+    assert got.startswith("cpu (dry run), torch ")
+    assert got.endswith(", copy 4.28 TB/s, by `python benchmarks/quant_gemm.py`")
+
+
+def test_versions_name_device_torch_and_triton():
+    assert _script.versions("cpu") == f"cpu (dry run); torch {torch.__version__}; Triton {_script.triton.__version__}"
