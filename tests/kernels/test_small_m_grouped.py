@@ -121,7 +121,8 @@ def test_op_through_triton_backend(monkeypatch):
 @pytest.mark.parametrize("ns, merged", [((4096, 1024, 1024), 6144), ((12288, 12288), 24576)])
 def test_dispatcher_takes_the_merged_shapes_table_row(ns, merged):
     # Qwen3-8B q / k / v and gate / up at decode on a simulated H200: the merged shape's measured plan (at M = 1
-    # its TABLE row, the GEMV, which reads the weights in place; at M = 16 its small-M row).
+    # its TABLE row, the GEMV, which reads the weights in place; at M = 2-4 and 16 its small-M rows, 0.98-1.04x the
+    # merged weight's GEMM on the H200: benchmarks/grouped_gemm.py).
     fp8 = torch.float8_e4m3fn
     ws = [torch.empty(n, 4096, dtype=fp8) for n in ns]
     ss = [torch.ones(n // 128, 32) for n in ns]
@@ -129,6 +130,10 @@ def test_dispatcher_takes_the_merged_shapes_table_row(ns, merged):
         q, xs = torch.empty(1, 4096, dtype=fp8), torch.ones(1, 32)
         assert bm.TABLE[("sm90", 1, merged, 4096)].path == "gemv"
         assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.TABLE[("sm90", 1, merged, 4096)]
+        for m in (2, 4):
+            q, xs = torch.empty(m, 4096, dtype=fp8), torch.ones(m, 32)
+            assert bm.TABLE[("sm90", 4, merged, 4096)].path == "small_m"
+            assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.TABLE[("sm90", 4, merged, 4096)]
         q, xs = torch.empty(16, 4096, dtype=fp8), torch.ones(16, 32)
         assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.TABLE[("sm90", 16, merged, 4096)]
 
