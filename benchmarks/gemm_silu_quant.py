@@ -55,6 +55,8 @@ FAMILIES = [(128, 4, 3, False), (128, 8, 3, False), (128, 8, 4, False), (128, 8,
             (64, 4, 4, False), (64, 4, 3, False), (32, 4, 4, False),
             (128, 4, 3, True), (128, 4, 4, True), (128, 8, 3, True), (128, 8, 4, True), (64, 4, 4, True),
             (64, 4, 3, True)]  # fmt: skip
+# Idea 16 (docs/small_m_tuning.md): the TMA loop warp-specialized, (block_n, warps, stages); 64-row tiles only.
+WS_FAMILIES = [(64, 4, 3), (64, 4, 4), (64, 4, 6)]
 PROGRAM_TARGETS = (66, 132, 264, 396)
 # The GEMV with the epilogue (_gemv_silu_kernels.py), M <= GEMV_MAX_M: (rows, k_chunk, warps, stages), around the
 # GEMV's own TABLE configs at M = 1 (rows 8, k_chunk 512 / 1024, 1 or 3 stages). Each program reads 2 x rows rows.
@@ -77,13 +79,13 @@ def log(msg: str) -> None:
     print(f"[gemm_silu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def candidates(i: int, k: int, families=FAMILIES) -> list[SmallMConfig]:
+def candidates(i: int, k: int, families=FAMILIES, ws=WS_FAMILIES) -> list[SmallMConfig]:
     k_tiles = k // 128
     out = []
-    for block_n, warps, stages, tma in families:
+    for block_n, warps, stages, tma, specialized in [(*f, False) for f in families] + [(*f, True, True) for f in ws]:
         n_tiles = math.ceil(i / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), 1)[0] for t in PROGRAM_TARGETS}
-        out += [SmallMConfig(block_n, s, warps, stages, "last", tma=tma) for s in sorted(splits)]
+        out += [SmallMConfig(block_n, s, warps, stages, "last", tma=tma, ws=specialized) for s in sorted(splits)]
     return list(dict.fromkeys(out))
 
 
@@ -135,7 +137,7 @@ def _launch(cfg):
 
 
 def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: float,
-              a: arch.Arch) -> tuple[dict, str]:  # fmt: skip
+              a: arch.Arch, ws=()) -> tuple[dict, str]:  # fmt: skip
     x = torch.randn(m, shape.k, device=DEVICE, dtype=torch.bfloat16)
     q, xs = ref.group_quant(x, 128, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
     w, s = shape.w8[0]
@@ -145,7 +147,7 @@ def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: floa
                                                               G), want, shape.copies, False)  # fmt: skip
     fused = {}
     gemvs = [GemvConfig(*f) for f in gemv_families] if m <= GEMV_MAX_M else []
-    for cfg in candidates(shape.i, shape.k, families) + gemvs:
+    for cfg in candidates(shape.i, shape.k, families, ws) + gemvs:
         call = lambda c, cfg=cfg: _launch(cfg)(q, xs, *shape.halves(c), torch.bfloat16, G, cfg)
         # a split-K or a group ticket: checked for bitwise repeatability
         repeat = isinstance(cfg, GemvConfig) or cfg.split_k > 1 or cfg.block_n < G
@@ -179,14 +181,14 @@ def main(argv=None) -> int:
         return 2
     a = arch.arch_of(DEVICE)
     ms = [int(v) for v in args.ms.split(",")]
-    shapes, families = SHAPES, FAMILIES
+    shapes, families, ws = SHAPES, FAMILIES, WS_FAMILIES
     gemv_families = GEMV_WIDE_FAMILIES if args.gemv_wide else GEMV_FAMILIES
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     if args.dry_run:
         shapes, ms = [("tiny", 256, 512)], [1, 17]
         gemv_families = [(4, 256, 4, 1), (2, 512, 2, 1)] if args.gemv_wide else [(4, 256, 4, 1)]
-        families = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)]
+        families, ws = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)], [(64, 4, 2)]
     bw = copy_bandwidth(args.dry_run)
     log(_script.setup_line(DEVICE, a.name, bw))
     rows, table = [], []
@@ -194,8 +196,8 @@ def main(argv=None) -> int:
         shape = Shape(i, k)
         for m in ms:
             log(f"{sname} M={m}")
-            swap_ab = [] if args.gemv_only and m <= GEMV_MAX_M else families
-            r, t = run_point(sname, shape, m, swap_ab, gemv_families, bw, a)
+            swap_ab, specialized = ([], []) if args.gemv_only and m <= GEMV_MAX_M else (families, ws)
+            r, t = run_point(sname, shape, m, swap_ab, gemv_families, bw, a, specialized)
             rows.append(r)
             table.append(t)
     print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["unfused_us"], r["fused_best_us"],

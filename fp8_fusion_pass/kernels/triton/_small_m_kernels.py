@@ -52,7 +52,8 @@ from ._pdl import prefetch_l2, wait_then_launch
 
 REDUCES = ("kernel", "last")
 # Weight tiles the warp-specialized loop compiles at (idea 16): Triton 3.6 compiled 64 rows on sm_90 at 16, 32 and 64
-# activation rows; its warp-specialization pass failed on 128-row tiles (offline compiles, 2026-12-04).
+# activation rows, here and in the SiLU-quant GEMM; its warp-specialization pass failed on 128-row tiles, and left
+# 32-row ones unspecialized (offline compiles, 2026-12-04).
 WS_BLOCK_N = (64,)
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
@@ -74,7 +75,7 @@ class SmallMConfig:
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
     tma: bool = False  # operand tiles by TMA (tuning idea 13); launches it cannot take run the same kernel without it
     block_m: int = 0  # activation rows per program: 16, 32 or 64 (tuning idea 15); 0: M up to 64 (small_m_block_m)
-    ws: bool = False  # TMA: the K loop warp-specialized (idea 16; WS_BLOCK_N; the plain GEMM, not the SiLU epilogue)
+    ws: bool = False  # TMA: the K loop warp-specialized (idea 16; WS_BLOCK_N; the plain GEMM and the SiLU-quant's)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
