@@ -47,6 +47,7 @@ import ast
 import dataclasses
 import functools
 import gc
+import json
 import os
 import re
 import signal
@@ -466,6 +467,7 @@ def main(argv=None) -> int:
     p.add_argument("--without", default="",
                    help="rewrites the +pass variant runs without, e.g. inline_norm,group_gemm (FusionConfig names)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
+    p.add_argument("--json", metavar="PATH", help="also write every cell (the table's rows, as measured) to PATH")
     p.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
                    help="Inductor options for every compile, with and without the pass (e.g. combo_kernels=True)")
     p.add_argument("--interleave", type=int, default=0, metavar="R",
@@ -526,6 +528,10 @@ def main(argv=None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     print_table(rows)
+    if args.json:  # also after SIGTERM: the cells that finished
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth": bw, "device": device_name, "torch": torch.__version__, "argv": sys.argv[1:],
+                       "rows": rows}, f, indent=1, default=str)  # fmt: skip
     return 0
 
 

@@ -7,6 +7,7 @@ reset the HF eager column read 1.39 on the H200 for both compiles: two steps fro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -22,11 +23,16 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 def dry_run(tmp_path_factory):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"), "--dry-run", "--presets", "qwen3-tiny",
            "--forms", "engine,hf", "--batches", "1", "--context", "16", "--prefill", "8", "--steps", "1",
-           "--layers", "2", "--no-bf16", "--also=-norm_rope"]
+           "--layers", "2", "--no-bf16", "--also=-norm_rope", "--json", str(tmp_path_factory.mktemp("json") / "d.json")]
     # A fresh Inductor cache: graphs served from an earlier run's cache skip the pass, and its counts with it.
     env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
+    with open(cmd[-1]) as f:
+        cells = json.load(f)
+    assert cells["device"] == "CPU (dry run)" and "--dry-run" in cells["argv"]
+    # every cell the table shows: 2 forms x (block, block+pass, block+pass-norm_rope) x (batch 1, the prefill)
+    assert len(cells["rows"]) == 12 and all(r["preset"] == "qwen3-tiny" for r in cells["rows"]), cells["rows"]
     return res.stdout
 
 
