@@ -35,14 +35,13 @@ def versions(device: str) -> str:
 
 def setup_line(device: str, arch_name: str, bandwidth: float) -> str:
     """The run's first log line: device, arch, versions and the copy bandwidth every roofline divides by."""
-    return (f"{device_name(device)} ({arch_name}); torch {torch.__version__}, Triton {triton.__version__}; "
-            f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")  # fmt: skip
+    return f"{versions(device)}; {arch_name}; copy bandwidth {bandwidth / 1e12:.2f} TB/s"
 
 
 def provenance(device: str, bandwidth: float, script: str) -> str:
     """What a pasted table row was measured on and by: device, versions, copy bandwidth, the script."""
-    return (f"{device_name(device)}, torch {torch.__version__}, Triton {triton.__version__}, copy "
-            f"{bandwidth / 1e12:.2f} TB/s, by `python benchmarks/{os.path.basename(script)}`")  # fmt: skip
+    return (f"{versions(device)}; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
+            f"by `python benchmarks/{os.path.basename(script)}`")  # fmt: skip
 
 
 def write_json(path: str | None, bandwidth: float, device: str, rows: list[dict]) -> None:

@@ -32,6 +32,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
+from _gemm_sweep import WS_FAMILIES  # idea 16: the plain GEMM's warp-specialized families, the same loop
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 from triton.compiler.errors import CompilationError
@@ -55,8 +56,6 @@ FAMILIES = [(128, 4, 3, False), (128, 8, 3, False), (128, 8, 4, False), (128, 8,
             (64, 4, 4, False), (64, 4, 3, False), (32, 4, 4, False),
             (128, 4, 3, True), (128, 4, 4, True), (128, 8, 3, True), (128, 8, 4, True), (64, 4, 4, True),
             (64, 4, 3, True)]  # fmt: skip
-# Idea 16 (docs/small_m_tuning.md): the TMA loop warp-specialized, (block_n, warps, stages); 64-row tiles only.
-WS_FAMILIES = [(64, 4, 3), (64, 4, 4), (64, 4, 6)]
 PROGRAM_TARGETS = (66, 132, 264, 396)
 # The GEMV with the epilogue (_gemv_silu_kernels.py), M <= GEMV_MAX_M: (rows, k_chunk, warps, stages), around the
 # GEMV's own TABLE configs at M = 1 (rows 8, k_chunk 512 / 1024, 1 or 3 stages). Each program reads 2 x rows rows.
@@ -79,7 +78,9 @@ def log(msg: str) -> None:
     print(f"[gemm_silu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def candidates(i: int, k: int, families=FAMILIES, ws=WS_FAMILIES) -> list[SmallMConfig]:
+def candidates(i: int, k: int, families=FAMILIES, ws=()) -> list[SmallMConfig]:
+    """Fused configs for one gate/up shape: ``families`` (block_n, warps, stages, tma), and ``ws`` (block_n, warps,
+    stages) as TMA warp-specialized (idea 16 of docs/small_m_tuning.md), each at the splits of PROGRAM_TARGETS."""
     k_tiles = k // 128
     out = []
     for block_n, warps, stages, tma, specialized in [(*f, False) for f in families] + [(*f, True, True) for f in ws]:
