@@ -45,7 +45,8 @@ QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9], FAMILIES[1
 ROW_SPLIT_FAMILIES = [FAMILIES[1], FAMILIES[14], FAMILIES[15], FAMILIES[16]]
 ROW_SPLITS = (16, 32)
 # Idea 16: the TMA K loop warp-specialized (Triton's producer and MMA warps; tiles of WS_BLOCK_N rows only), with
-# and without the rows split, at M >= WS_MIN_M (where the roofline target's misses are): (block_n, warps, stages).
+# and without the rows split, one split or split-K summed by the second launch, at M >= WS_MIN_M (where the roofline
+# target's misses are): (block_n, warps, stages).
 WS_FAMILIES = [(64, 4, 3), (64, 4, 4), (64, 4, 6)]
 WS_MIN_M = 16
 DRY_FAMILIES = [(32, 4, 2, 2, False, False), (32, 4, 2, 1, True, False), (32, 4, 2, 1, False, True)]
@@ -74,8 +75,9 @@ def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128, ro
         for block_m in (0, *(b for b in ROW_SPLITS if b < small_m_block_m(m))):
             tiles = math.ceil(n / block_n) * math.ceil(m / (block_m or small_m_block_m(m)))
             splits = {split_plan(k_tiles, max(1, round(t / tiles)), 1)[0] for t in PROGRAM_TARGETS}
-            out += [SmallMConfig(block_n, s, warps, stages, "last", 1, False, True, block_m, ws=True)
-                    for s in sorted(splits)]  # fmt: skip
+            # split-K summed by the second launch: the in-launch ticket is taken twice under ws (WS_BLOCK_N)
+            out += [SmallMConfig(block_n, s, warps, stages, "kernel" if s > 1 else "last", 1, False, True, block_m,
+                                 ws=True) for s in sorted(splits | {1})]  # fmt: skip
     return list(dict.fromkeys(out))
 
 
@@ -106,9 +108,10 @@ def idea_ratios(timed: dict[SmallMConfig, float]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, (has, base) in IDEAS.items():
         # every other idea compares pointer-loaded configs, as it did before the TMA families existed
-        # (the rows split is measured mostly on TMA families: against every config without it, TMA or not)
-        pool = {c: t for c, t in timed.items()
-                if c.reduce == "last" and (name in ("tma", "rows split", "warp specialized") or not c.tma)}
+        # (the rows split is measured mostly on TMA families: against every config without it, TMA or not);
+        # warp-specialized configs sum split-K in a second launch, their only way (WS_BLOCK_N)
+        pool = {c: t for c, t in timed.items() if (c.reduce == "last" or c.ws)
+                and (name in ("tma", "rows split", "warp specialized") or not c.tma)}
         a = [t for c, t in pool.items() if has(c)]
         b = [t for c, t in pool.items() if base(c)]
         out[name] = min(a) / min(b) if a and b else None

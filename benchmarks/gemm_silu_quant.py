@@ -32,7 +32,6 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-from _gemm_sweep import WS_FAMILIES  # idea 16: the plain GEMM's warp-specialized families, the same loop
 from _timing import copy_bandwidth, time_graph
 from tabulate import tabulate
 from triton.compiler.errors import CompilationError
@@ -78,15 +77,15 @@ def log(msg: str) -> None:
     print(f"[gemm_silu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def candidates(i: int, k: int, families=FAMILIES, ws=()) -> list[SmallMConfig]:
-    """Fused configs for one gate/up shape: ``families`` (block_n, warps, stages, tma), and ``ws`` (block_n, warps,
-    stages) as TMA warp-specialized (idea 16 of docs/small_m_tuning.md), each at the splits of PROGRAM_TARGETS."""
+def candidates(i: int, k: int, families=FAMILIES) -> list[SmallMConfig]:
+    """Fused configs for one gate/up shape: ``families`` (block_n, warps, stages, tma), each at the splits of
+    PROGRAM_TARGETS."""
     k_tiles = k // 128
     out = []
-    for block_n, warps, stages, tma, specialized in [(*f, False) for f in families] + [(*f, True, True) for f in ws]:
+    for block_n, warps, stages, tma in families:
         n_tiles = math.ceil(i / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), 1)[0] for t in PROGRAM_TARGETS}
-        out += [SmallMConfig(block_n, s, warps, stages, "last", tma=tma, ws=specialized) for s in sorted(splits)]
+        out += [SmallMConfig(block_n, s, warps, stages, "last", tma=tma) for s in sorted(splits)]
     return list(dict.fromkeys(out))
 
 
@@ -138,7 +137,7 @@ def _launch(cfg):
 
 
 def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: float,
-              a: arch.Arch, ws=()) -> tuple[dict, str]:  # fmt: skip
+              a: arch.Arch) -> tuple[dict, str]:  # fmt: skip
     x = torch.randn(m, shape.k, device=DEVICE, dtype=torch.bfloat16)
     q, xs = ref.group_quant(x, 128, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
     w, s = shape.w8[0]
@@ -148,7 +147,7 @@ def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: floa
                                                               G), want, shape.copies, False)  # fmt: skip
     fused = {}
     gemvs = [GemvConfig(*f) for f in gemv_families] if m <= GEMV_MAX_M else []
-    for cfg in candidates(shape.i, shape.k, families, ws) + gemvs:
+    for cfg in candidates(shape.i, shape.k, families) + gemvs:
         call = lambda c, cfg=cfg: _launch(cfg)(q, xs, *shape.halves(c), torch.bfloat16, G, cfg)
         # a split-K or a group ticket: checked for bitwise repeatability
         repeat = isinstance(cfg, GemvConfig) or cfg.split_k > 1 or cfg.block_n < G
@@ -182,14 +181,14 @@ def main(argv=None) -> int:
         return 2
     a = arch.arch_of(DEVICE)
     ms = [int(v) for v in args.ms.split(",")]
-    shapes, families, ws = SHAPES, FAMILIES, WS_FAMILIES
+    shapes, families = SHAPES, FAMILIES
     gemv_families = GEMV_WIDE_FAMILIES if args.gemv_wide else GEMV_FAMILIES
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
     if args.dry_run:
         shapes, ms = [("tiny", 256, 512)], [1, 17]
         gemv_families = [(4, 256, 4, 1), (2, 512, 2, 1)] if args.gemv_wide else [(4, 256, 4, 1)]
-        families, ws = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)], [(64, 4, 2)]
+        families = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)]
     bw = copy_bandwidth(args.dry_run)
     log(_script.setup_line(DEVICE, a.name, bw))
     rows, table = [], []
@@ -197,8 +196,8 @@ def main(argv=None) -> int:
         shape = Shape(i, k)
         for m in ms:
             log(f"{sname} M={m}")
-            swap_ab, specialized = ([], []) if args.gemv_only and m <= GEMV_MAX_M else (families, ws)
-            r, t = run_point(sname, shape, m, swap_ab, gemv_families, bw, a, specialized)
+            swap_ab = [] if args.gemv_only and m <= GEMV_MAX_M else families
+            r, t = run_point(sname, shape, m, swap_ab, gemv_families, bw, a)
             rows.append(r)
             table.append(t)
     print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["unfused_us"], r["fused_best_us"],

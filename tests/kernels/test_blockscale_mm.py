@@ -168,8 +168,9 @@ def test_tma_config_rejects_the_gemv():
 
 
 @pytest.mark.parametrize("m, config", [
-    (16, SmallMConfig(64, 2, 4, 2, "last", tma=True, ws=True)),  # split K, the in-launch sum
+    (16, SmallMConfig(64, 1, 4, 2, "last", tma=True, ws=True)),  # one split: the program's whole sum
     (64, SmallMConfig(64, 1, 4, 2, "last", tma=True, block_m=32, ws=True)),  # rows split over programs
+    (40, SmallMConfig(64, 2, 4, 2, "kernel", tma=True, block_m=16, ws=True)),  # both, split K summed after
     (3, SmallMConfig(64, 3, 4, 2, "kernel", tma=True, ws=True)),  # two launches; rows past M read as zeros
 ])  # fmt: skip
 def test_warp_specialized_loop_is_the_same_loop(m, config, monkeypatch):
@@ -195,6 +196,15 @@ def test_warp_specialized_loop_is_the_same_loop(m, config, monkeypatch):
 def test_warp_specialization_takes_only_the_tiles_it_compiles(kw):
     with pytest.raises(ValueError, match="ws needs tma"):
         SmallMConfig(**{"block_n": 64, **kw}, ws=True)
+
+
+def test_warp_specialization_refuses_the_in_launch_split_k_sum():
+    # Triton 3.6 runs the code after a warp-specialized loop in both MMA partitions: the ticket would be taken
+    # twice per program (wrong sums and dirty counters on the H200); one split takes no ticket.
+    with pytest.raises(ValueError, match="reduce 'kernel'"):
+        SmallMConfig(64, 2, 4, 2, "last", tma=True, ws=True)
+    SmallMConfig(64, 1, 4, 2, "last", tma=True, ws=True)
+    SmallMConfig(64, 2, 4, 2, "kernel", tma=True, ws=True)
 
 
 def test_last_falls_back_to_reduce_kernel(monkeypatch):

@@ -209,8 +209,9 @@ def test_tma_tiles_equal_pointer_tiles_bitwise_on_gpu(m, n, k, cfg):
 
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288), (5120, 8192)])
 @pytest.mark.parametrize("m", [16, 40, 64])
-@pytest.mark.parametrize("cfg", [SmallMConfig(64, 4, 4, 4, "last", tma=True, ws=True),
-                                 SmallMConfig(64, 2, 4, 6, "last", tma=True, block_m=16, ws=True),
+@pytest.mark.parametrize("cfg", [SmallMConfig(64, 4, 4, 4, "kernel", tma=True, ws=True),
+                                 SmallMConfig(64, 1, 4, 6, "last", tma=True, block_m=16, ws=True),
+                                 SmallMConfig(64, 2, 4, 6, "kernel", tma=True, block_m=16, ws=True),
                                  SmallMConfig(64, 3, 4, 3, "kernel", tma=True, ws=True)], ids=str)
 def test_warp_specialized_loop_equals_the_tma_loop_bitwise_on_gpu(m, n, k, cfg):
     # Idea 16: other warps issue the copies, the MMAs and their promotion run in the same order: not a bit moves.

@@ -159,3 +159,6 @@ def test_sweep_candidates_warp_specialized(m, block_ms):
     assert {c.block_m for c in cands} == block_ms and all(c.tma and c.block_n == 64 for c in cands)
     assert {(c.block_n, c.warps, c.stages) for c in cands} == set(sweep.WS_FAMILIES)
     assert all(split_plan(32, c.split_k, 1)[0] == c.split_k for c in cands)
+    # split K summed by the second launch (the in-launch ticket is taken twice under ws), and one split each
+    assert all(c.reduce == "kernel" for c in cands if c.split_k > 1)
+    assert {c.block_m for c in cands if c.split_k == 1} == block_ms

@@ -34,9 +34,7 @@ CONFIGS = [SmallMConfig(128, 1, 8, 3, "last"), SmallMConfig(128, 3, 8, 3, "last"
            SmallMConfig(64, 1, 4, 4, "last"), SmallMConfig(64, 2, 4, 4, "last"), SmallMConfig(32, 1, 4, 4, "last"),
            # TMA: a gate and an up tile per K step (block_n >= 64: each MMA a wgmma, as the pair's)
            SmallMConfig(128, 1, 8, 3, "last", tma=True), SmallMConfig(128, 3, 4, 4, "last", tma=True),
-           SmallMConfig(64, 2, 4, 4, "last", tma=True),
-           # and warp-specialized (idea 16 of docs/small_m_tuning.md; not yet run on a GPU when written)
-           SmallMConfig(64, 2, 4, 4, "last", tma=True, ws=True), SmallMConfig(64, 1, 4, 6, "last", tma=True, ws=True)]
+           SmallMConfig(64, 2, 4, 4, "last", tma=True)]
 # the GEMV with the epilogue (M <= 4): a group over 64 / 32 / 16 programs (their tickets), 2 and 4 warps
 GEMV_CONFIGS = [GemvConfig(2, 2048, 2, 1), GemvConfig(4, 1024, 2, 3), GemvConfig(8, 1024, 4, 1),
                 GemvConfig(8, 512, 4, 1)]
@@ -91,7 +89,7 @@ def test_tma_tiles_equal_the_pointer_tile_bitwise_on_gpu(m, i, k, config):
     q, xs, _, _, halves = _inputs(m, i, k)
     assert sms._descriptors(q, halves[0], halves[2], config, 16, 128)[0] is not q  # the TMA path runs
     fused = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)
-    plain = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, dataclasses.replace(config, tma=False, ws=False))
+    plain = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, dataclasses.replace(config, tma=False))
     assert torch.equal(fused[1], plain[1]) and torch.equal(fused[0].view(torch.uint8), plain[0].view(torch.uint8))
 
 

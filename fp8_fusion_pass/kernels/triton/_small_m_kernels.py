@@ -52,8 +52,11 @@ from ._pdl import prefetch_l2, wait_then_launch
 
 REDUCES = ("kernel", "last")
 # Weight tiles the warp-specialized loop compiles at (idea 16): Triton 3.6 compiled 64 rows on sm_90 at 16, 32 and 64
-# activation rows, here and in the SiLU-quant GEMM; its warp-specialization pass failed on 128-row tiles, and left
-# 32-row ones unspecialized (offline compiles, 2026-12-04).
+# activation rows; its warp-specialization pass failed on 128-row tiles (offline compiles, 2026-12-04). At 64 rows it
+# makes one copy partition and *two* MMA partitions that each compute the whole tile and run everything after the
+# loop (the ttgir: two tt.atomic_rmw per program): stores of the same values are harmless, but a ticket is taken
+# twice, so "last" sums too early and leaves its counter dirty for later launches (wrong and "racy" results on the
+# H200, 2026-12-04). Hence ws only where no ticket follows the loop: one split, or the "kernel" split-K sum.
 WS_BLOCK_N = (64,)
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
@@ -75,7 +78,7 @@ class SmallMConfig:
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
     tma: bool = False  # operand tiles by TMA (tuning idea 13); launches it cannot take run the same kernel without it
     block_m: int = 0  # activation rows per program: 16, 32 or 64 (tuning idea 15); 0: M up to 64 (small_m_block_m)
-    ws: bool = False  # TMA: the K loop warp-specialized (idea 16; WS_BLOCK_N; the plain GEMM and the SiLU-quant's)
+    ws: bool = False  # TMA: the K loop warp-specialized (idea 16; WS_BLOCK_N; the plain GEMM, not the SiLU epilogue)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
@@ -95,6 +98,10 @@ class SmallMConfig:
         if self.ws and not (self.tma and self.block_n in WS_BLOCK_N):
             raise ValueError(f"SmallMConfig.ws needs tma and block_n in {WS_BLOCK_N} (Triton 3.6's warp "
                              f"specialization pass fails on the others), got {self}")  # fmt: skip
+        if self.ws and self.reduce == "last" and self.split_k > 1:
+            raise ValueError(f"SmallMConfig.ws sums split-K partials in a second launch (reduce 'kernel'): Triton "
+                             f"3.6 runs the code after the loop in both MMA partitions, two tickets per program "
+                             f"(wrong sums on the H200), got {self}")  # fmt: skip
 
 
 @triton.jit
@@ -501,7 +508,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
         PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages,
-        WS=cfg.ws and a_desc is not a and not pdl,  # compiled offline only with TMA tiles and PDL off (idea 16)
+        WS=cfg.ws and a_desc is not a and not pdl,  # TMA tiles, PDL off; no ticket (SmallMConfig refuses it)
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:

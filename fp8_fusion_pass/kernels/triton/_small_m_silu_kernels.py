@@ -133,18 +133,18 @@ def _epilogue(gate, up, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I
 @triton.jit
 def _k_loop_pair(g_desc, u_desc, gs_ptrs, us_ptrs, x_desc, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, n0, m0,
                  GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_K: tl.constexpr, WS: tl.constexpr = False):  # fmt: skip
+                 BLOCK_K: tl.constexpr):  # fmt: skip
     """``_k_loop`` with TMA tiles for the gate rows and the up rows at once: ``(gate, up)``, each ``[BLOCK_N,
     BLOCK_M]`` fp32. A descriptor loads one weight's rows, so the pointer path's single ``[2 * BLOCK_N, BLOCK_K]``
     tile (gate rows on top of up rows) becomes two tiles and two MMAs per K step on one activation tile: the same
     products summed in the same order per output, the same promotion (``(dot * w_s) * x_s``), scales a tile ahead.
-    Rows past ``I`` read as zeros (their outputs are masked). ``WS``: the loop warp-specialized, as ``_k_loop``'s."""
+    Rows past ``I`` read as zeros (their outputs are masked)."""
     # the up rows share the activation's scales: _scales with QUANT_A True loads only their weight scales
     g_next, x_next = _scales(gs_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, False)
     u_next, _ = _scales(us_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, True)
     gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kt in tl.range(kt_start, kt_end, warp_specialize=WS):
+    for kt in range(kt_start, kt_end):
         g_s, u_s, x_s = g_next, u_next, x_next
         ahead = tl.minimum(kt + 1, kt_end - 1)  # the last iteration re-loads its own scales (in range)
         g_next, x_next = _scales(gs_ptrs, xs_ptrs, ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K,
@@ -181,7 +181,6 @@ def _small_m_silu_quant_kernel(
     PTX: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait before the loop, trigger after it
     TMA: tl.constexpr,  # gate, up and activation tiles by the copy engine (_k_loop_pair; else pointer loads)
-    WS: tl.constexpr,  # TMA: the K loop warp-specialized (_k_loop_pair; idea 16 of docs/small_m_tuning.md)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -198,7 +197,7 @@ def _small_m_silu_quant_kernel(
         gate, up = _k_loop_pair(bg_desc, bu_desc, bgs_ptr + (rh // SCALE_BLOCK) * stride_bsn,
                                 bus_ptr + (rh // SCALE_BLOCK) * stride_bsn, a_desc, xs_ptrs, kt_start, kt_end,
                                 stride_bsk, stride_ask, pid_n * BLOCK_N, pid_m * BLOCK_M, GROUP_K, SCALE_BLOCK,
-                                BLOCK_N, BLOCK_M, BLOCK_K, WS)  # fmt: skip
+                                BLOCK_N, BLOCK_M, BLOCK_K)  # fmt: skip
     else:
         r = tl.arange(0, 2 * BLOCK_N)
         is_up = r >= BLOCK_N
@@ -247,6 +246,8 @@ def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
         return f"block_n {config.block_n} is neither a multiple nor a divisor of the output group {group_size}"
     if config.fma or config.reduce != "last" and config.split_k > 1:
         return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
+    if config.ws:  # its epilogue always takes tickets at 64-row tiles: see WS_BLOCK_N in _small_m_kernels.py
+        return "the warp-specialized K loop (ws) takes no ticket after it; this epilogue does"
     if config.tma and config.k_unroll != 1:
         return "with tma the gate and up tiles are loaded one K tile per step (k_unroll 1)"
     return None
@@ -302,7 +303,6 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, GROUP_TILES=group_tiles,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, K_UNROLL=unroll, MODE=0 if split == 1 else 2,
         **kernel_constexprs(dev), PDL=pdl, TMA=descs[0] is not q, num_warps=config.warps, num_stages=config.stages,
-        WS=config.ws and descs[0] is not q and not pdl,  # compiled offline only with TMA tiles, PDL off (idea 16)
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     return q_out, s_out
