@@ -6,7 +6,7 @@ each family gets the splits that give about 132, 264, 396 and 528 programs (1 to
 persistent grid would be the same thing), every split summed in the same launch ("last"). The two-launch sum
 ("kernel") is timed at the default config and at the best config, so idea 1 is measured at both.
 Compiles: 16 MMA families (7 of them TMA) x 3 row classes (16, 32, 64) and 3 GEMV families x 2 (1, 4), two modes
-each at most; at M >= 16 also 3 warp-specialized TMA families (idea 16) at each row split.
+each at most.
 """
 
 from __future__ import annotations
@@ -44,20 +44,13 @@ QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9], FAMILIES[1
 # families that won most M = 32 / 64 rows.
 ROW_SPLIT_FAMILIES = [FAMILIES[1], FAMILIES[14], FAMILIES[15], FAMILIES[16]]
 ROW_SPLITS = (16, 32)
-# Idea 16: the TMA K loop warp-specialized (Triton's producer and MMA warps; tiles of WS_BLOCK_N rows only), with
-# and without the rows split, one split or split-K summed by the second launch, at M >= WS_MIN_M (where the roofline
-# target's misses are): (block_n, warps, stages).
-WS_FAMILIES = [(64, 4, 3), (64, 4, 4), (64, 4, 6)]
-WS_MIN_M = 16
 DRY_FAMILIES = [(32, 4, 2, 2, False, False), (32, 4, 2, 1, True, False), (32, 4, 2, 1, False, True)]
 PROGRAM_TARGETS = (132, 264, 396, 528)
 
 
-def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128, row_split=(),
-               ws=()) -> list[SmallMConfig]:  # fmt: skip
+def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128, row_split=()) -> list[SmallMConfig]:
     """Distinct small-M configs (effective split-K, as ``split_plan`` runs it) for one GEMM; ``row_split``: families
-    also timed with the rows split over programs (``ROW_SPLITS`` rows each, where M has more); ``ws``: TMA families
-    (block_n, warps, stages) timed warp-specialized, rows split or not, at M >= ``WS_MIN_M``."""
+    also timed with the rows split over programs (``ROW_SPLITS`` rows each, where M has more)."""
     k_tiles = k // block_k
     out: list[SmallMConfig] = []
     for block_n, warps, stages, unroll, fma, tma in families:
@@ -71,13 +64,6 @@ def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128, ro
             tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
             splits = {split_plan(k_tiles, max(1, round(t / tiles)), unroll)[0] for t in PROGRAM_TARGETS}
             out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma, block_m) for s in sorted(splits)]
-    for block_n, warps, stages in ws if m >= WS_MIN_M else ():
-        for block_m in (0, *(b for b in ROW_SPLITS if b < small_m_block_m(m))):
-            tiles = math.ceil(n / block_n) * math.ceil(m / (block_m or small_m_block_m(m)))
-            splits = {split_plan(k_tiles, max(1, round(t / tiles)), 1)[0] for t in PROGRAM_TARGETS}
-            # split-K summed by the second launch: the in-launch ticket is taken twice under ws (WS_BLOCK_N)
-            out += [SmallMConfig(block_n, s, warps, stages, "kernel" if s > 1 else "last", 1, False, True, block_m,
-                                 ws=True) for s in sorted(splits | {1})]  # fmt: skip
     return list(dict.fromkeys(out))
 
 
@@ -99,7 +85,6 @@ IDEAS = {
     "split 1": (lambda c: c.split_k == 1 and not c.block_m, lambda c: c.split_k > 1 and not c.block_m),
     "rows split": (lambda c: c.block_m > 0, lambda c: c.block_m == 0),
     "tma": (lambda c: c.tma, lambda c: not c.tma and not c.fma and c.k_unroll == 1),
-    "warp specialized": (lambda c: c.ws, lambda c: c.tma and not c.ws and c.block_n == 64),
 }  # fmt: skip
 
 
@@ -108,10 +93,8 @@ def idea_ratios(timed: dict[SmallMConfig, float]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, (has, base) in IDEAS.items():
         # every other idea compares pointer-loaded configs, as it did before the TMA families existed
-        # (the rows split is measured mostly on TMA families: against every config without it, TMA or not);
-        # warp-specialized configs sum split-K in a second launch, their only way (WS_BLOCK_N)
-        pool = {c: t for c, t in timed.items() if (c.reduce == "last" or c.ws)
-                and (name in ("tma", "rows split", "warp specialized") or not c.tma)}
+        # (the rows split is measured mostly on TMA families: against every config without it, TMA or not)
+        pool = {c: t for c, t in timed.items() if c.reduce == "last" and (name in ("tma", "rows split") or not c.tma)}
         a = [t for c, t in pool.items() if has(c)]
         b = [t for c, t in pool.items() if base(c)]
         out[name] = min(a) / min(b) if a and b else None

@@ -194,7 +194,7 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
 
 
 def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
-              gemv_sweep=(), row_split=(), ws=()) -> tuple[dict, str]:
+              gemv_sweep=(), row_split=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -210,8 +210,7 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     if m <= bm.SMALL_M_MAX:
         last_default = dataclasses.replace(small_default, reduce="last")
         mine = [committed.config] if committed is not None and committed.path == "small_m" else []
-        sweep_cfgs = sweep.candidates(n, k, m, families, row_split=row_split, ws=ws)
-        for cfg in dict.fromkeys([last_default, *mine, *sweep_cfgs]):
+        for cfg in dict.fromkeys([last_default, *mine, *sweep.candidates(n, k, m, families, row_split=row_split)]):
             small[cfg] = cand[("small_m", cfg)] = measure(shape, q, xs, want, "small_m", cfg)
     for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
         cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
@@ -247,14 +246,14 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
-def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=(), ws=()):
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=()):
     rows, table_rows = [], []
     floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, row_split, ws)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, row_split)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -363,7 +362,6 @@ def main(argv=None) -> int:
     families, tiled_sweep = (sweep.QUICK_FAMILIES, SWEEP_TILED[:2]) if args.quick else (sweep.FAMILIES, SWEEP_TILED)
     gemv_sweep = SWEEP_GEMV_WIDE if args.gemv_wide else SWEEP_GEMV
     row_split = () if args.quick else sweep.ROW_SPLIT_FAMILIES
-    ws = () if args.quick else sweep.WS_FAMILIES  # idea 16 (M >= 16)
     if args.small_only:  # the small-M paths only: M <= 64, no tiled sweep
         tiled_sweep = []
     if args.dry_run:
@@ -372,7 +370,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(args.dry_run)
     log(_script.setup_line(DEVICE, a.name, bw))
     t0 = time.time()
-    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split, ws)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     _script.write_json(args.json, bw, DEVICE, rows)

@@ -167,46 +167,6 @@ def test_tma_config_rejects_the_gemv():
         SmallMConfig(16, 1, 4, 2, fma=True, tma=True)
 
 
-@pytest.mark.parametrize("m, config", [
-    (16, SmallMConfig(64, 1, 4, 2, "last", tma=True, ws=True)),  # one split: the program's whole sum
-    (64, SmallMConfig(64, 1, 4, 2, "last", tma=True, block_m=32, ws=True)),  # rows split over programs
-    (40, SmallMConfig(64, 2, 4, 2, "kernel", tma=True, block_m=16, ws=True)),  # both, split K summed after
-    (3, SmallMConfig(64, 3, 4, 2, "kernel", tma=True, ws=True)),  # two launches; rows past M read as zeros
-])  # fmt: skip
-def test_warp_specialized_loop_is_the_same_loop(m, config, monkeypatch):
-    # Idea 16: warp specialization reorganizes who issues the loads, not the sums: bit for bit the TMA loop, and
-    # the launch asks for it only with TMA tiles (a launch that falls back to pointers runs the plain loop).
-    seen, kernel = [], smk._small_m_kernel
-
-    class Spy:  # records each launch's WS
-        def __getitem__(self, grid):
-            return lambda *args, **kw: (seen.append(kw["WS"]), kernel[grid](*args, **kw))[1]
-
-    monkeypatch.setattr(smk, "_small_m_kernel", Spy())
-    q, xs, w_q, w_s = make_inputs(m, 200, 768)
-    y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
-    assert seen[-1] is True
-    assert torch.equal(y, bm.run("small_m", q, xs, w_q, w_s, FP32, config=dataclasses.replace(config, ws=False)))
-    assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
-    grouped = smk.small_m_mm_grouped(q, xs, [w_q, w_q[:128]], [w_s, w_s[:1]], FP32, config)  # no TMA: no WS
-    assert seen[-1] is False and torch.equal(grouped[:, :200], y)
-
-
-@pytest.mark.parametrize("kw", [{"tma": False}, {"tma": True, "block_n": 128}, {"tma": True, "block_n": 32}])
-def test_warp_specialization_takes_only_the_tiles_it_compiles(kw):
-    with pytest.raises(ValueError, match="ws needs tma"):
-        SmallMConfig(**{"block_n": 64, **kw}, ws=True)
-
-
-def test_warp_specialization_refuses_the_in_launch_split_k_sum():
-    # Triton 3.6 runs the code after a warp-specialized loop in both MMA partitions: the ticket would be taken
-    # twice per program (wrong sums and dirty counters on the H200); one split takes no ticket.
-    with pytest.raises(ValueError, match="reduce 'kernel'"):
-        SmallMConfig(64, 2, 4, 2, "last", tma=True, ws=True)
-    SmallMConfig(64, 1, 4, 2, "last", tma=True, ws=True)
-    SmallMConfig(64, 2, 4, 2, "kernel", tma=True, ws=True)
-
-
 def test_last_falls_back_to_reduce_kernel(monkeypatch):
     q, xs, w_q, w_s = make_inputs(3, 256, 512)
     want = bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(64, 2, 4, 2, "kernel"))

@@ -207,20 +207,6 @@ def test_tma_tiles_equal_pointer_tiles_bitwise_on_gpu(m, n, k, cfg):
                        bm.run("small_m", q, xs, w_q, w_s, BF16, config=plain))  # fmt: skip
 
 
-@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288), (5120, 8192)])
-@pytest.mark.parametrize("m", [16, 40, 64])
-@pytest.mark.parametrize("cfg", [SmallMConfig(64, 4, 4, 4, "kernel", tma=True, ws=True),
-                                 SmallMConfig(64, 1, 4, 6, "last", tma=True, block_m=16, ws=True),
-                                 SmallMConfig(64, 2, 4, 6, "kernel", tma=True, block_m=16, ws=True),
-                                 SmallMConfig(64, 3, 4, 3, "kernel", tma=True, ws=True)], ids=str)
-def test_warp_specialized_loop_equals_the_tma_loop_bitwise_on_gpu(m, n, k, cfg):
-    # Idea 16: other warps issue the copies, the MMAs and their promotion run in the same order: not a bit moves.
-    q, xs, w_q, w_s = make_inputs(m, n, k, device="cuda")
-    plain = SmallMConfig(**{**cfg.__dict__, "ws": False})
-    assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg),
-                       bm.run("small_m", q, xs, w_q, w_s, BF16, config=plain))  # fmt: skip
-
-
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (10240, 5120), (5120, 25600)])
 @pytest.mark.parametrize("m", [1, 3, 17, 64])
 def test_small_m_variants_match_oracle(m, n, k):

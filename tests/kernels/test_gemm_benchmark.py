@@ -145,20 +145,3 @@ def test_read_floor_times_each_size_once():
     assert len(floor.cache) == 1
     floor.us(64)
     assert sorted(floor.cache) == [16, 3073]
-
-
-@pytest.mark.parametrize("m, block_ms", [(1, None), (4, None), (16, {0}), (64, {0, 16, 32})])
-def test_sweep_candidates_warp_specialized(m, block_ms):
-    # idea 16: TMA tiles of 64 rows (the only ones Triton's pass compiled), at M >= 16, rows split or not
-    import _gemm_sweep as sweep
-
-    cands = [c for c in sweep.candidates(6144, 4096, m, ws=sweep.WS_FAMILIES) if c.ws]
-    if block_ms is None:
-        assert cands == []
-        return
-    assert {c.block_m for c in cands} == block_ms and all(c.tma and c.block_n == 64 for c in cands)
-    assert {(c.block_n, c.warps, c.stages) for c in cands} == set(sweep.WS_FAMILIES)
-    assert all(split_plan(32, c.split_k, 1)[0] == c.split_k for c in cands)
-    # split K summed by the second launch (the in-launch ticket is taken twice under ws), and one split each
-    assert all(c.reduce == "kernel" for c in cands if c.split_k > 1)
-    assert {c.block_m for c in cands if c.split_k == 1} == block_ms

@@ -65,8 +65,6 @@ SCRIPT = textwrap.dedent(
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         if consts.get("PDL"):
             pdl[fn.__name__ + " " + str(sorted(consts.items()))] = pdl_facts(k.asm["ptx"])
-        global ws_regs
-        ws_regs = k.asm["ptx"].count("setmaxnreg")
         ptx = k.asm["ptx"]  # the quant step's fma32 is the hardware fma here, never the interpreter's fp64 emulation
         arith["f64"] += len(re.findall(r"\.f64\b", ptx))
         arith["fma.rn.f32"] += ptx.count("fma.rn.f32") if consts.get("QUANT", True) and "FP8_MAX" in consts else 0
@@ -79,7 +77,7 @@ SCRIPT = textwrap.dedent(
                 full.append(m.group(1))
         return full
 
-    out, pdl, arith, ws = {}, {}, {"f64": 0, "fma.rn.f32": 0}, {}
+    out, pdl, arith = {}, {}, {"f64": 0, "fma.rn.f32": 0}
     for k, res, quant in [(4096, False, True), (5120, False, True), (5120, True, True), (8192, False, True),
                           (1024, True, False), (7168, False, True), (2048, False, True)]:
         t = _tiles.row_tile(8192, k, 128, res)
@@ -121,21 +119,15 @@ SCRIPT = textwrap.dedent(
         sig = dict(MM, a_ptr="*bf16", a_desc="*bf16") if quant_a else MM
         c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1,
                  MODE=mode, GROUPS=groups, FMA=fma, QUANT_A=quant_a, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False,
-                 EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on, TMA=False, WS=False)
+                 EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on, TMA=False)
         name = f"small_m{' PDL' if pdl_on else ''} quant_a={quant_a} mode={mode} fma={fma} groups={groups}"
         out[name] = build(smk._small_m_kernel, sig, c, 4)
     # and with both operand tiles by TMA (tensor descriptors; 64 activation rows, the in-launch split-K sum)
     sig = dict(MM, a_desc="tensordesc<fp8e4nv[64, 128]>", b_desc="tensordesc<fp8e4nv[64, 128]>")
     c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, K_UNROLL=1, MODE=2, GROUPS=1,
              FMA=False, QUANT_A=False, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, EMULATE_CAST=False, PDL=False,
-             PREFETCH=False, TMA=True, WS=False)
+             PREFETCH=False, TMA=True)
     out["small_m TMA mode=2"] = build(smk._small_m_kernel, sig, c, 4)
-    # and its K loop warp-specialized (idea 16; with the second launch's split-K sum, as SmallMConfig allows):
-    # setmaxnreg moves registers between the producer and MMA warps
-    ws["plain"] = ws_regs
-    c.update(WS=True, MODE=1)
-    out["small_m TMA mode=1 WS"] = build(smk._small_m_kernel, sig, c, 4)
-    ws["specialized"] = ws_regs
     # the gate/up GEMM with the SiLU-and-mul and group quant in its epilogue (_small_m_silu_kernels.py): one
     # program's whole sum, the last split's, and with PDL
     from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
@@ -210,7 +202,6 @@ SCRIPT = textwrap.dedent(
                              BLOCK_N=128, BLOCK_K=128, GROUP_M=8, EVEN_K=True, PDL=True), 4)
     out["PDL facts"] = pdl
     out["arith"] = arith
-    out["WS facts"] = ws
     print("RESULT " + json.dumps(out))
     """
 )
@@ -239,14 +230,12 @@ def test_kernels_compile_for_sm90():
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     pdl = result.pop("PDL facts")
     arith = result.pop("arith")
-    ws = result.pop("WS facts")
-    assert ws["plain"] == 0 and ws["specialized"] > 0, f"the warp-specialized loop (idea 16) is not: {ws}"
     # no fp64 anywhere on the GPU (fma32's fp64 path is the interpreter's), and the quant kernels' fmas are fma.rn
     assert arith["f64"] == 0 and arith["fma.rn.f32"] > 0, arith
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 52, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
+    assert len(result) == 51, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -51,13 +51,6 @@ from ._fp8 import amax_nan, cast_fp8, div_by_scale, fp8_constexprs, reciprocal_o
 from ._pdl import prefetch_l2, wait_then_launch
 
 REDUCES = ("kernel", "last")
-# Weight tiles the warp-specialized loop compiles at (idea 16): Triton 3.6 compiled 64 rows on sm_90 at 16, 32 and 64
-# activation rows; its warp-specialization pass failed on 128-row tiles (offline compiles, 2026-12-04). At 64 rows it
-# makes one copy partition and *two* MMA partitions that each compute the whole tile and run everything after the
-# loop (the ttgir: two tt.atomic_rmw per program): stores of the same values are harmless, but a ticket is taken
-# twice, so "last" sums too early and leaves its counter dirty for later launches (wrong and "racy" results on the
-# H200, 2026-12-04). Hence ws only where no ticket follows the loop: one split, or the "kernel" split-K sum.
-WS_BLOCK_N = (64,)
 FMA_MAX_M = 4  # the GEMV holds a [BLOCK_N, 128, BLOCK_M] fp32 product: 64 x 128 x 4 is 256 values per thread
 COUNTER_SLOTS = 1 << 15  # output tiles per launch with "last": N=51200 / 16 x 4 row tiles = 12800 fits
 # With PDL: K tiles per weight row that a program prefetches into L2 before its wait (docs/small_m_tuning.md, idea 10).
@@ -78,7 +71,6 @@ class SmallMConfig:
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
     tma: bool = False  # operand tiles by TMA (tuning idea 13); launches it cannot take run the same kernel without it
     block_m: int = 0  # activation rows per program: 16, 32 or 64 (tuning idea 15); 0: M up to 64 (small_m_block_m)
-    ws: bool = False  # TMA: the K loop warp-specialized (idea 16; WS_BLOCK_N; the plain GEMM, not the SiLU epilogue)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
@@ -95,13 +87,6 @@ class SmallMConfig:
             raise ValueError(f"SmallMConfig: split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
         if self.block_m not in (0, 16, 32, 64) or (self.block_m and self.fma):
             raise ValueError(f"SmallMConfig.block_m must be 0, or 16, 32 or 64 for the tensor cores, got {self}")
-        if self.ws and not (self.tma and self.block_n in WS_BLOCK_N):
-            raise ValueError(f"SmallMConfig.ws needs tma and block_n in {WS_BLOCK_N} (Triton 3.6's warp "
-                             f"specialization pass fails on the others), got {self}")  # fmt: skip
-        if self.ws and self.reduce == "last" and self.split_k > 1:
-            raise ValueError(f"SmallMConfig.ws sums split-K partials in a second launch (reduce 'kernel'): Triton "
-                             f"3.6 runs the code after the loop in both MMA partitions, two tickets per program "
-                             f"(wrong sums on the H200), got {self}")  # fmt: skip
 
 
 @triton.jit
@@ -144,8 +129,7 @@ def _scales(ws_ptrs, xs_ptrs, kt, stride_bsk, stride_ask, GROUP_K: tl.constexpr,
 def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, fp8_dtype: tl.constexpr,
             GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
             FMA: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
-            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr = False, n0=0, m0=0,
-            WS: tl.constexpr = False):  # fmt: skip
+            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr = False, n0=0, m0=0):  # fmt: skip
     """``acc [rows, BLOCK_M]`` += the weight rows' K tiles ``[kt_start, kt_end)`` times the activation's, each
     tile's product promoted by its weight-scale and activation-scale pair (the GEMM's one K loop, shared by
     ``_small_m_kernel`` and the SiLU-quant epilogue kernel, ``_small_m_silu_kernels.py``).
@@ -156,11 +140,7 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
 
     The scales are loaded one K tile ahead (docs/small_m_tuning.md, idea 12): Triton pipelines only the loads that
     feed the MMA, so a scale load in the tile's own iteration was a round trip on every iteration's critical
-    path. The last iteration re-loads its own tile's scales (an in-range address, no mask).
-
-    ``WS`` (TMA only): Triton's automatic warp specialization of this loop (producer warps issue the copies, the
-    others run the MMAs; idea 16). With ``WS`` off the loop compiles to the PTX of a plain ``range`` (sm_90,
-    Triton 3.6, debug lines aside)."""
+    path. The last iteration re-loads its own tile's scales (an in-range address, no mask)."""
     kt_last = kt_end - K_UNROLL
     w_next, x_next = _scales(ws_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K,
                              QUANT_A)  # fmt: skip
@@ -169,7 +149,7 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
                                    BLOCK_K, QUANT_A)  # fmt: skip
     else:
         w_next1, x_next1 = w_next, x_next
-    for kt in tl.range(kt_start, kt_end, K_UNROLL, warp_specialize=WS):
+    for kt in range(kt_start, kt_end, K_UNROLL):
         w_s0, x_s0, w_s1, x_s1 = w_next, x_next, w_next1, x_next1
         kt_ahead = tl.minimum(kt + K_UNROLL, kt_last)
         w_next, x_next = _scales(ws_ptrs, xs_ptrs, kt_ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK,
@@ -284,7 +264,6 @@ def _small_m_kernel(
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait for the previous grid before the loop
     PREFETCH: tl.constexpr,  # PDL: prefetch the first weight tiles into L2 before the wait (16-byte aligned rows)
     TMA: tl.constexpr,  # operand tiles by the copy engine (GROUPS 1, fp8 input, tensor cores; _k_loop)
-    WS: tl.constexpr,  # TMA: warp-specialized K loop (_k_loop)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -323,7 +302,7 @@ def _small_m_kernel(
     if TMA:
         acc = _k_loop(acc, b_desc, ws_ptrs, a_desc, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
                       b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
-                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, True, pid_n * BLOCK_N, pid_m * BLOCK_M, WS)  # fmt: skip
+                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, True, pid_n * BLOCK_N, pid_m * BLOCK_M)  # fmt: skip
     else:
         acc = _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
                       b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
@@ -508,7 +487,6 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
         PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages,
-        WS=cfg.ws and a_desc is not a and not pdl,  # TMA tiles, PDL off; no ticket (SmallMConfig refuses it)
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:

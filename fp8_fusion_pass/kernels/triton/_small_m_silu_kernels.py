@@ -246,8 +246,6 @@ def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
         return f"block_n {config.block_n} is neither a multiple nor a divisor of the output group {group_size}"
     if config.fma or config.reduce != "last" and config.split_k > 1:
         return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
-    if config.ws:  # its epilogue always takes tickets at 64-row tiles: see WS_BLOCK_N in _small_m_kernels.py
-        return "the warp-specialized K loop (ws) takes no ticket after it; this epilogue does"
     if config.tma and config.k_unroll != 1:
         return "with tma the gate and up tiles are loaded one K tile per step (k_unroll 1)"
     return None
