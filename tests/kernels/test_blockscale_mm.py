@@ -167,7 +167,8 @@ def test_tma_config_rejects_the_gemv():
         SmallMConfig(16, 1, 4, 2, fma=True, tma=True)
 
 
-def test_last_falls_back_to_reduce_kernel(monkeypatch):
+@pytest.mark.parametrize("cause", ["slots", "env"])
+def test_last_falls_back_to_reduce_kernel(monkeypatch, cause):
     q, xs, w_q, w_s = make_inputs(3, 256, 512)
     want = bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(64, 2, 4, 2, "kernel"))
     launches = []
@@ -179,7 +180,10 @@ def test_last_falls_back_to_reduce_kernel(monkeypatch):
 
     real = smk._splitk_reduce_kernel
     monkeypatch.setattr(smk, "_splitk_reduce_kernel", SpyReduce())
-    monkeypatch.setattr(smk, "COUNTER_SLOTS", 3)  # 4 N tiles x 1 row tile > 3 slots
+    if cause == "slots":
+        monkeypatch.setattr(smk, "COUNTER_SLOTS", 3)  # 4 N tiles x 1 row tile > 3 slots
+    else:  # FP8_FUSION_TICKETS=0: no shared counters (models running concurrently on several streams)
+        monkeypatch.setenv(smk.TICKETS_ENV, "0")
     assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(64, 2, 4, 2, "last")), want)
     assert len(launches) == 1
     # Inside a CUDA graph capture the buffer is never allocated (it would live in the graph's private pool).

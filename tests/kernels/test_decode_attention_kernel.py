@@ -88,6 +88,26 @@ def test_counters_are_zero_after_a_merge():
     assert counters is not None and int(counters[:2].abs().sum()) == 0
 
 
+def test_no_shared_counters_reads_all_keys_in_one_split(monkeypatch):
+    # FP8_FUSION_TICKETS=0 (models concurrent on several streams): no merge ticket, so one split per kv head
+    q, k, v, keep, scale = inputs(1, 2, 4, 300, 32, [299])
+    grids, real = [], kernel._decode_attention_kernel
+
+    class Spy:  # records each launch's grid
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kernel, "_decode_attention_kernel", Spy())
+    monkeypatch.setenv("FP8_FUSION_TICKETS", "0")
+    out = kernel.decode_attention(q, k, v, keep, scale)
+    assert grids == [(2, 1)]
+    assert rel_l2(out, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
+    monkeypatch.delenv("FP8_FUSION_TICKETS")
+    kernel.decode_attention(q, k, v, keep, scale)
+    assert grids[-1][1] > 1  # the default config splits these 300 keys
+
+
 def test_op_runs_the_triton_kernel_and_checks_inputs():
     from fp8_fusion_pass.kernels import backends
 

@@ -195,11 +195,15 @@ def test_dispatch_only_a_measured_row_runs_the_fused_launch(monkeypatch):
     _assert_equal(out, silu_mul_group_quant(smk.small_m_mm(q, xs, w, s, BF16, None), 128), "unfused pair")
 
 
-def test_no_ticket_counters_falls_back_to_the_unfused_pair(monkeypatch):
+@pytest.mark.parametrize("why", ["capture", "env"])
+def test_no_ticket_counters_falls_back_to_the_unfused_pair(monkeypatch, why):
     q, xs, wg, sg, wu, su = _gate_up(3, 256, 512)
     config = SmallMConfig(128, 2, 4, 2, "last")  # split 2: the fused launch needs the counters
     _pin(monkeypatch, 3, 256, 512, config)
-    monkeypatch.setattr(sms, "tile_counters", lambda device, tiles: None)
+    if why == "capture":  # a first call inside a CUDA graph capture
+        monkeypatch.setattr(sms, "tile_counters", lambda device, tiles: None)
+    else:  # FP8_FUSION_TICKETS=0: models concurrent on several streams
+        monkeypatch.setenv("FP8_FUSION_TICKETS", "0")
     assert sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config) is None
     called = []
     real = bsq.silu_mul_group_quant

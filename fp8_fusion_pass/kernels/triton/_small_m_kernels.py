@@ -27,6 +27,8 @@ At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8
 
 Hazard of "last": the counters are shared by all launches on a device; two such GEMMs running *concurrently on
 two streams* could take each other's tickets. Launches on one stream (CUDA graphs included) are ordered and safe.
+``FP8_FUSION_TICKETS=0`` (read at each launch, so at capture for a CUDA graph) gives every launch "kernel" instead:
+for processes that run compiled models concurrently on several streams of one GPU (the README says so).
 The buffer is allocated by the first eager call; a call made while a CUDA graph is being captured before that,
 or with more tiles than ``COUNTER_SLOTS``, uses "kernel" instead (same result).
 
@@ -37,6 +39,7 @@ in ``docs/small_m_tuning.md`` (ideas 1-15); code comments cite it as "tuning ide
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import torch
@@ -387,11 +390,14 @@ def split_plan(k_tiles: int, split_k: int, k_unroll: int) -> tuple[int, int, int
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
+TICKETS_ENV = "FP8_FUSION_TICKETS"  # "0": no shared counters (launches concurrent on several streams; docstring)
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's zeroed int32 ticket counters, or None when "last" cannot be used (see the module docstring)."""
-    if tiles > COUNTER_SLOTS:
+    """The device's zeroed int32 ticket counters, or None when "last" cannot be used (see the module docstring) or
+    ``FP8_FUSION_TICKETS=0`` forbids shared counters: every caller then has a ticket-free path (the two-launch
+    split-K sum, the unfused pair, one split of the decode attention)."""
+    if tiles > COUNTER_SLOTS or os.environ.get(TICKETS_ENV, "1") == "0":
         return None
     buf = _counters.get(device)
     if buf is None and device.type != "cuda":
