@@ -106,7 +106,7 @@ def test_last_program_sum_equals_reduce_kernel_bitwise(split):
     for _ in range(2):  # the second call reuses the counters the first one reset
         y_last = bm.run("small_m", q, xs, w_q, w_s, FP32, config=SmallMConfig(64, split, 4, 2, "last"))
         assert torch.equal(y_last, y_kernel)
-    assert int(smk._counters[q.device].abs().sum()) == 0
+    assert int(smk.tile_counters(q.device, 1).abs().sum()) == 0
     assert_close(y_last, oracle(q, xs, w_q, w_s), FP32, "last")
 
 
@@ -139,7 +139,7 @@ def test_rows_split_over_programs(m, config):
     y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
     assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
     if config.reduce == "last" and config.split_k > 1:
-        assert int(smk._counters[q.device].abs().sum()) == 0  # the row tiles' counters are reset too
+        assert int(smk.tile_counters(q.device, 1).abs().sum()) == 0  # the row tiles' counters are reset too
 
 
 def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
@@ -186,10 +186,32 @@ def test_last_falls_back_to_reduce_kernel(monkeypatch, cause):
         monkeypatch.setenv(smk.TICKETS_ENV, "0")
     assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(64, 2, 4, 2, "last")), want)
     assert len(launches) == 1
-    # Inside a CUDA graph capture the buffer is never allocated (it would live in the graph's private pool).
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+
+
+def test_counters_per_stream_and_none_made_in_a_capture(monkeypatch):
+    # CUDA's bookkeeping without a GPU: streams by handle, a capture flag, an allocator that counts its buffers.
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+    now, made = {"stream": Stream(7), "capturing": True}, []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: now["stream"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: now["capturing"])
+    monkeypatch.setattr(smk, "_allocate_off_thread", lambda device: made.append(torch.zeros(4)) or made[-1])
     monkeypatch.setattr(smk, "_counters", {})
-    assert smk.tile_counters(torch.device("cuda", 0), 4) is None and smk._counters == {}
+    dev = torch.device("cuda", 0)
+    # a capture before any buffer: none is made (it would live in the graph's private pool), "kernel" runs
+    assert smk.tile_counters(dev, 4) is None and made == []
+    now["capturing"] = False
+    a = smk.tile_counters(dev, 4)
+    assert a is made[0] and smk.tile_counters(dev, 4) is a  # one buffer per stream, made once
+    now["stream"] = Stream(9)
+    b = smk.tile_counters(dev, 4)
+    assert b is made[1] and b is not a  # another stream: its own tickets, never stream 7's
+    now["capturing"] = True
+    assert smk.tile_counters(dev, 4) is b  # a capture on a stream with counters uses them
+    now["stream"] = Stream(11)
+    assert smk.tile_counters(dev, 4) is a and len(made) == 2  # one without: the device's first buffer
 
 
 @pytest.mark.parametrize("m, group, config", [

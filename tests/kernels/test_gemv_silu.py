@@ -80,7 +80,7 @@ def test_a_group_over_many_programs_leaves_its_counters_empty():
     for _ in range(2):
         _assert_equal(gemv_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config),
                       _pair(q, xs, wg, sg, wu, su, 128, config), "2 rows per program")  # fmt: skip
-        assert int(smk._counters[q.device].abs().sum()) == 0
+        assert int(smk.tile_counters(q.device, 1).abs().sum()) == 0
 
 
 def test_zero_activation_gives_zeros_and_the_floor_scale():

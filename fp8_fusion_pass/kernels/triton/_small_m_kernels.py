@@ -25,12 +25,15 @@ At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8
   for the previous grid, runs the loop unchanged, and lets the next PDL grid launch after the loop. The split-K
   sum kernel waits (then triggers) at its top. Same results, bit for bit (``tests/kernels/test_pdl_gpu.py``).
 
-Hazard of "last": the counters are shared by all launches on a device; two such GEMMs running *concurrently on
-two streams* could take each other's tickets. Launches on one stream (CUDA graphs included) are ordered and safe.
-``FP8_FUSION_TICKETS=0`` (read at each launch, so at capture for a CUDA graph) gives every launch "kernel" instead:
-for processes that run compiled models concurrently on several streams of one GPU (the README says so).
-The buffer is allocated by the first eager call; a call made while a CUDA graph is being captured before that,
-or with more tiles than ``COUNTER_SLOTS``, uses "kernel" instead (same result).
+The counters are shared by the launches of one stream: two launches running at once on two streams and sharing
+counters take each other's tickets and sum wrong (on the H200 most outputs of two streams repeating a GEMM at once
+were: ``tests/kernels/test_tickets_streams_gpu.py``), while launches on one stream are ordered. So there is one
+buffer per (device, stream), made by the first call outside a capture on that stream (cudagraph trees warm up on
+the stream they capture on). A capture on a stream without one takes the device's first buffer: its replays are
+then ordered only against that buffer's other users by whoever replays them, and never run concurrently with
+them in cudagraph trees (which replay one graph at a time). ``FP8_FUSION_TICKETS=0`` (read at each launch, so at
+capture for a CUDA graph) gives every launch "kernel" instead: no shared state at all. A call with more tiles than
+``COUNTER_SLOTS``, or a capture before any buffer exists, uses "kernel" too (same result).
 
 Tuning: every idea tried on this kernel, its prediction and its measurement (H200, ``benchmarks/gemm.py``), is
 in ``docs/small_m_tuning.md`` (ideas 1-15); code comments cite it as "tuning idea N".
@@ -389,41 +392,53 @@ def split_plan(k_tiles: int, split_k: int, k_unroll: int) -> tuple[int, int, int
     return triton.cdiv(k_tiles, per_split), per_split, unroll
 
 
-_counters: dict[torch.device, torch.Tensor] = {}
-TICKETS_ENV = "FP8_FUSION_TICKETS"  # "0": no shared counters (launches concurrent on several streams; docstring)
+_counters: dict[tuple[torch.device, int], torch.Tensor] = {}  # (device, stream handle; 0 off CUDA) -> counters
+TICKETS_ENV = "FP8_FUSION_TICKETS"  # "0": no shared counters at all (see the module docstring)
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's zeroed int32 ticket counters, or None when "last" cannot be used (see the module docstring) or
-    ``FP8_FUSION_TICKETS=0`` forbids shared counters: every caller then has a ticket-free path (the two-launch
-    split-K sum, the unfused pair, one split of the decode attention)."""
+    """The zeroed int32 ticket counters of ``device``'s current stream, or None when "last" cannot be used or
+    ``FP8_FUSION_TICKETS=0`` forbids shared counters (see the module docstring): every caller then has a ticket-free
+    path (the two-launch split-K sum, the unfused pair, one split of the decode attention)."""
     if tiles > COUNTER_SLOTS or os.environ.get(TICKETS_ENV, "1") == "0":
         return None
-    buf = _counters.get(device)
-    if buf is None and device.type != "cuda":
-        buf = _counters[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    elif buf is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None  # allocated inside a capture it would live in the graph's private pool
-        # Allocated on a helper thread: cudagraph trees route every allocation *of the current thread* to their
-        # graph pool during warmup runs (torch._C._cuda_beginAllocateCurrentThreadToPool, torch 2.11-2.13), and a
-        # pool block that is not a graph output fails the tree's "tensor(s) in the cudagraph pool not tracked as
-        # outputs" check (a side stream on this thread did not escape it: measured on the H200). Another thread's
-        # allocation comes from the default pool and lives as long as the process.
-        box: list[torch.Tensor] = []
-
-        def allocate() -> None:
-            with torch.cuda.device(device):
-                box.append(torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device))
-                torch.cuda.synchronize(device)
-
-        worker = threading.Thread(target=allocate, name="fp8_fusion_counters")
-        worker.start()
-        worker.join()
-        if not box:
-            return None  # the thread failed (its error is printed by threading); the two-launch sum is the same
-        buf = _counters[device] = box[0]
+    device = torch.device(device)
+    if device.type != "cuda":  # the interpreter: one buffer per device
+        if (device, 0) not in _counters:
+            _counters[(device, 0)] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+        return _counters[(device, 0)]
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _counters.get(key)
+    if buf is not None:
+        return buf
+    if torch.cuda.is_current_stream_capturing():
+        # allocated inside a capture it would live in the graph's private pool: the device's first buffer, if any
+        return next((b for (d, _), b in _counters.items() if d == device), None)
+    buf = _allocate_off_thread(device)
+    if buf is None:
+        return None  # the thread failed (its error is printed by threading); the two-launch sum is the same
+    _counters[key] = buf
     return buf
+
+
+def _allocate_off_thread(device: torch.device) -> torch.Tensor | None:
+    """Zeroed counters made on a helper thread: cudagraph trees route every allocation *of the current thread* to
+    their graph pool during warmup runs (torch._C._cuda_beginAllocateCurrentThreadToPool, torch 2.11-2.13), and a
+    pool block that is not a graph output fails the tree's "tensor(s) in the cudagraph pool not tracked as
+    outputs" check (a side stream on this thread did not escape it: measured on the H200). Another thread's
+    allocation comes from the default pool and lives as long as the process; it is zeroed and synchronized before
+    it is used. None if the thread failed."""
+    box: list[torch.Tensor] = []
+
+    def allocate() -> None:
+        with torch.cuda.device(device):
+            box.append(torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device))
+            torch.cuda.synchronize(device)
+
+    worker = threading.Thread(target=allocate, name="fp8_fusion_counters")
+    worker.start()
+    worker.join()
+    return box[0] if box else None
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
