@@ -68,6 +68,8 @@ REASONS = {
     "unfused_pair_faster": "gemm_silu_quant / quant_gemm: at this M and shape the fused launch has no measured win "
                            "over two; norm_rope / qk_rope: Inductor's combo kernels measured faster here; "
                            "rope_attention: with q / k norms, above 256 batch rows x kv heads",
+    "single_key": "gqa_attention: a cache of one key (a first token without a cache): its copy is one row per "
+                  "head, and SDPA's memory-efficient kernel rejects the grouped mask Inductor lays out for it",
     "kv_copy_faster": "gqa_attention: batch x kv heads too small to fill the GPU with the grouped SDPA; the copy + "
                       "per-head SDPA measured as fast (H200)",
     # runtime gates

@@ -121,6 +121,9 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     if not _static(hq, d, k[1], *_graph.val(k[0]).shape[1:]):
         return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache "
                              f"{list(_graph.val(k[0]).shape)}: only the batch may be symbolic")
+    if _graph.val(k[0]).shape[2] == 1:  # the mask's last dim then loses its unit stride (H200, torch 2.11)
+        return guards.reject("single_key", f"cache {list(_graph.val(k[0]).shape)}: one key per head, nothing to "
+                             "save; the grouped [B, Hkv, G, 1] mask fails SDPA's last-dim stride check on the GPU")
     if v is None or k[1] != v[1] or hq % k[1] or _graph.val(k[0]).shape[1] * k[1] != hq:
         return guards.reject("kv_copy_shared", "key and value are not both a repeat_kv copy of a cache with the "
                              "query's heads per kv head")
