@@ -212,6 +212,11 @@ def test_counters_per_stream_and_none_made_in_a_capture(monkeypatch):
     assert smk.tile_counters(dev, 4) is b  # a capture on a stream with counters uses them
     now["stream"] = Stream(11)
     assert smk.tile_counters(dev, 4) is a and len(made) == 2  # one without: the device's first buffer
+    now["capturing"] = False
+    monkeypatch.setattr(smk, "MAX_STREAM_BUFFERS", 2)  # streams without end: past the cap, no more buffers
+    assert smk.tile_counters(dev, 4) is None and len(made) == 2
+    now["stream"] = Stream(9)
+    assert smk.tile_counters(dev, 4) is b  # the streams that have one keep it
 
 
 @pytest.mark.parametrize("m, group, config", [

@@ -29,7 +29,7 @@ The counters are shared by the launches of one stream: two launches running at o
 counters take each other's tickets and sum wrong (on the H200 most outputs of two streams repeating a GEMM at once
 were: ``tests/kernels/test_tickets_streams_gpu.py``), while launches on one stream are ordered. So there is one
 buffer per (device, stream), made by the first call outside a capture on that stream (cudagraph trees warm up on
-the stream they capture on). A capture on a stream without one takes the device's first buffer: its replays are
+the stream they capture on), for up to ``MAX_STREAM_BUFFERS`` streams. A capture on a stream without one takes the device's first buffer: its replays are
 then ordered only against that buffer's other users by whoever replays them, and never run concurrently with
 them in cudagraph trees (which replay one graph at a time). ``FP8_FUSION_TICKETS=0`` (read at each launch, so at
 capture for a CUDA graph) gives every launch "kernel" instead: no shared state at all. A call with more tiles than
@@ -394,6 +394,9 @@ def split_plan(k_tiles: int, split_k: int, k_unroll: int) -> tuple[int, int, int
 
 _counters: dict[tuple[torch.device, int], torch.Tensor] = {}  # (device, stream handle; 0 off CUDA) -> counters
 TICKETS_ENV = "FP8_FUSION_TICKETS"  # "0": no shared counters at all (see the module docstring)
+# Streams per device with their own counters (128 KB each; PyTorch pools 32 streams per priority): a process that
+# makes streams without end gets the ticket-free path on the ones past this, not a buffer and a sync for each.
+MAX_STREAM_BUFFERS = 64
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
@@ -414,6 +417,8 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     if torch.cuda.is_current_stream_capturing():
         # allocated inside a capture it would live in the graph's private pool: the device's first buffer, if any
         return next((b for (d, _), b in _counters.items() if d == device), None)
+    if sum(d == device for d, _ in _counters) >= MAX_STREAM_BUFFERS:
+        return None  # a new stream per call (external streams): no buffer each, the ticket-free path instead
     buf = _allocate_off_thread(device)
     if buf is None:
         return None  # the thread failed (its error is printed by threading); the two-launch sum is the same
