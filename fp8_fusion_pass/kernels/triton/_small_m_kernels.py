@@ -29,11 +29,12 @@ The counters are shared by the launches of one stream: two launches running at o
 counters take each other's tickets and sum wrong (on the H200 most outputs of two streams repeating a GEMM at once
 were: ``tests/kernels/test_tickets_streams_gpu.py``), while launches on one stream are ordered. So there is one
 buffer per (device, stream), made by the first call outside a capture on that stream (cudagraph trees warm up on
-the stream they capture on), for up to ``MAX_STREAM_BUFFERS`` streams. A capture on a stream without one takes the device's first buffer: its replays are
-then ordered only against that buffer's other users by whoever replays them, and never run concurrently with
-them in cudagraph trees (which replay one graph at a time). ``FP8_FUSION_TICKETS=0`` (read at each launch, so at
-capture for a CUDA graph) gives every launch "kernel" instead: no shared state at all. A call with more tiles than
-``COUNTER_SLOTS``, or a capture before any buffer exists, uses "kernel" too (same result).
+the stream they capture on), for up to ``MAX_STREAM_BUFFERS`` streams. A capture on a stream without one takes the
+device's first buffer: its replays are then ordered only against that buffer's other users by whoever replays
+them, and never run concurrently with them in cudagraph trees (which replay one graph at a time).
+``FP8_FUSION_TICKETS=0`` (read at each launch, so at capture for a CUDA graph) gives every launch "kernel" instead:
+no shared state at all. A call with more tiles than ``COUNTER_SLOTS``, a stream past ``MAX_STREAM_BUFFERS``, or a
+capture before any buffer exists, uses "kernel" too (same result).
 
 Tuning: every idea tried on this kernel, its prediction and its measurement (H200, ``benchmarks/gemm.py``), is
 in ``docs/small_m_tuning.md`` (ideas 1-15); code comments cite it as "tuning idea N".
