@@ -189,13 +189,9 @@ def test_last_falls_back_to_reduce_kernel(monkeypatch, cause):
 
 
 def test_counters_per_stream_and_none_made_in_a_capture(monkeypatch):
-    # CUDA's bookkeeping without a GPU: streams by handle, a capture flag, an allocator that counts its buffers.
-    class Stream:
-        def __init__(self, handle):
-            self.cuda_stream = handle
-
-    now, made = {"stream": Stream(7), "capturing": True}, []
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: now["stream"])
+    # CUDA's bookkeeping without a GPU: stream handles, a capture flag, an allocator that counts its buffers.
+    now, made = {"stream": 7, "capturing": True}, []
+    monkeypatch.setattr(smk, "_stream_handle", lambda device: now["stream"])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: now["capturing"])
     monkeypatch.setattr(smk, "_allocate_off_thread", lambda device: made.append(torch.zeros(4)) or made[-1])
     monkeypatch.setattr(smk, "_counters", {})
@@ -205,17 +201,17 @@ def test_counters_per_stream_and_none_made_in_a_capture(monkeypatch):
     now["capturing"] = False
     a = smk.tile_counters(dev, 4)
     assert a is made[0] and smk.tile_counters(dev, 4) is a  # one buffer per stream, made once
-    now["stream"] = Stream(9)
+    now["stream"] = 9
     b = smk.tile_counters(dev, 4)
     assert b is made[1] and b is not a  # another stream: its own tickets, never stream 7's
     now["capturing"] = True
     assert smk.tile_counters(dev, 4) is b  # a capture on a stream with counters uses them
-    now["stream"] = Stream(11)
+    now["stream"] = 11
     assert smk.tile_counters(dev, 4) is a and len(made) == 2  # one without: the device's first buffer
     now["capturing"] = False
     monkeypatch.setattr(smk, "MAX_STREAM_BUFFERS", 2)  # streams without end: past the cap, no more buffers
     assert smk.tile_counters(dev, 4) is None and len(made) == 2
-    now["stream"] = Stream(9)
+    now["stream"] = 9
     assert smk.tile_counters(dev, 4) is b  # the streams that have one keep it
 
 

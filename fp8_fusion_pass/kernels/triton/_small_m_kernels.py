@@ -411,7 +411,7 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
         if (device, 0) not in _counters:
             _counters[(device, 0)] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
         return _counters[(device, 0)]
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    key = (device, _stream_handle(device))
     buf = _counters.get(key)
     if buf is not None:
         return buf
@@ -425,6 +425,11 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
         return None  # the thread failed (its error is printed by threading); the two-launch sum is the same
     _counters[key] = buf
     return buf
+
+
+def _stream_handle(device: torch.device) -> int:
+    """The cudaStream_t of ``device``'s current stream (its own function: the CPU tests stand in for it)."""
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _allocate_off_thread(device: torch.device) -> torch.Tensor | None:
