@@ -24,8 +24,8 @@ case "${1:-}" in
 esac
 out=${OUT:-/tmp/gpu_suite}
 mkdir -p "$out"
-timeout 540 python -m pytest -q -m gpu -p no:cacheprovider --durations=15 "${files[@]}" >"$out/part$1.log" 2>&1
+timeout 540 python -m pytest -q -rs -m gpu -p no:cacheprovider --durations=15 "${files[@]}" >"$out/part$1.log" 2>&1
 rc=$?
-grep -E "^(FAILED|ERROR)|passed|failed|^[0-9.]+s (call|setup)" "$out/part$1.log" | tail -40
+grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^[0-9.]+s (call|setup)" "$out/part$1.log" | tail -40
 [ $rc -eq 124 ] && echo "part $1 stopped at its 540 s limit: see $out/part$1.log"
 exit $rc
