@@ -136,7 +136,7 @@ if gluon is not None:
 
 
 def small_m_gluon_mm(q, x_scale, w_q, w_scale, out_dtype, block_n: int = 64, split_k: int = 1, stages: int = 4,
-                     warps: int = 4) -> torch.Tensor:  # fmt: skip
+                     warps: int = 4, maxnreg: int | None = None) -> torch.Tensor:  # fmt: skip
     """``small_m_mm(q, x_scale, w_q, w_scale)`` by the Gluon kernel: q [M <= 64, K] fp8, w_q [N, K] fp8, scales of
     1 x 128 / 128 x 128 blocks, K a multiple of 128. Raises where it cannot run (no Gluon, not sm_90, a layout TMA
     cannot address)."""
@@ -163,6 +163,7 @@ def small_m_gluon_mm(q, x_scale, w_q, w_scale, out_dtype, block_n: int = 64, spl
     _small_m_gluon_kernel[(triton.cdiv(n, block_n), split)](
         w_desc, x_desc, target, w_scale, x_scale, m, n, out.stride(0), *w_scale.stride(), *x_scale.stride(),
         k // BLOCK_K, per_split, MODE=0 if split == 1 else 1, STAGES=stages, num_warps=warps,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     if split > 1:
         block = 1024
