@@ -194,7 +194,7 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
 
 
 def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
-              gemv_sweep=(), row_split=()) -> tuple[dict, str]:
+              gemv_sweep=(), row_split=(), scales_ahead=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -241,19 +241,28 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
         row["table_us"] = cand.get((committed.path, committed.config))
     if sm_cfg is not None:
         row.update(small_m_extras(shape, x, q, xs, want, sm_cfg))
+    # Tuning idea 19: the committed small-M row (else this run's best small-M config) with its scales loaded
+    # further ahead, against itself; the same products, so any difference is time.
+    base = committed.config if committed is not None and committed.path == "small_m" else sm_cfg
+    if scales_ahead and base is not None and base.k_unroll == 1:
+        row["scales_ahead_base"] = repr(base)
+        row["scales_ahead_base_us"] = cand.get(("small_m", base))
+        row["scales_ahead_us"] = {n_ahead: measure(shape, q, xs, want, "small_m",
+                                                   dataclasses.replace(base, scales_ahead=n_ahead))
+                                  for n_ahead in scales_ahead}  # fmt: skip
     note = f"{best:.1f} us = {best / roof:.2f}x roofline; cuBLAS {_fmt(cub)}, bf16 {bf16:.1f} us"
     log(f"  M={m}: best {path} {cfg or ''} {best:.1f} us ({best / roof:.2f}x roofline), cuBLAS {_fmt(cub)}")
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
-def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=()):
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=(), scales_ahead=()):
     rows, table_rows = [], []
     floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, row_split)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, row_split, scales_ahead)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -330,6 +339,14 @@ def print_report(rows, table_rows) -> None:
             f"({r['N']}, {r['K']}) M={r['M']}" for r in small if (_ratio(r.get("bf16_in_us"), r["best_us"]) or 9) < 1
         ]
         print(f"small_m.py 'worth it' (bf16 input faster than the best fp8-input GEMM): {', '.join(worth) or 'none'}")
+    ahead = [r for r in rows if "scales_ahead_us" in r]
+    if ahead:
+        print("\nTuning idea 19: the scales N K tiles ahead, over the same config with them one ahead (< 1 helps)")
+        keys = sorted(ahead[0]["scales_ahead_us"])
+        print(tabulate([[r["shape"], r["M"], r["scales_ahead_base"], r["scales_ahead_base_us"],
+                         *[_ratio(r["scales_ahead_us"][n], r["scales_ahead_base_us"]) for n in keys]] for r in ahead],
+                       headers=["shape", "M", "config", "us", *[f"{n} ahead" for n in keys]],
+                       floatfmt=".3f"))  # fmt: skip
     print("\n# Paste into TABLE in fp8_fusion_pass/kernels/triton/blockscale_mm.py")
     print(f"# measured {time.strftime('%Y-%m-%d')} on {_script.device_name(DEVICE)}, torch {torch.__version__}, "
           f"Triton {triton.__version__}, by `python benchmarks/gemm.py`")  # fmt: skip
@@ -347,6 +364,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--small-only", action="store_true", help="no tiled sweep (M <= 64 runs)")
     p.add_argument("--gemv-wide", action="store_true", help="sweep the GEMV (M <= 4) over SWEEP_GEMV_WIDE")
+    p.add_argument("--scales-ahead", default="", help="e.g. 2,3: also time each point's TABLE small-M row (else the "
+                   "best small-M config) with its scales that many K tiles ahead (tuning idea 19)")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -370,7 +389,8 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(args.dry_run)
     log(_script.setup_line(DEVICE, a.name, bw))
     t0 = time.time()
-    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split)
+    scales_ahead = tuple(int(v) for v in args.scales_ahead.split(",") if v)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split, scales_ahead)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     _script.write_json(args.json, bw, DEVICE, rows)

@@ -121,6 +121,27 @@ def test_the_committed_table_row_is_re_timed(monkeypatch):
     assert isinstance(row["table_us"], float) and row["small_m_best_us"] <= row["table_us"]
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU run needs the Triton interpreter")
+def test_scales_ahead_times_the_committed_row_deeper(monkeypatch, capsys):
+    # --scales-ahead (tuning idea 19): the committed small-M row, timed again with its scales N tiles ahead, each
+    # checked against the oracle like every candidate; the report prints the ratios to the row itself.
+    import _read_floor
+    import gemm
+
+    from fp8_fusion_pass import arch
+
+    monkeypatch.setattr(gemm, "DEVICE", "cpu")
+    a = arch.arch_of("cpu")
+    mine = SmallMConfig(32, 2, 4, 2, "last")
+    monkeypatch.setitem(bm.TABLE, (a.name, 1, 128, 512), bm.Choice("small_m", mine))
+    floor = _read_floor.ReadFloor("cpu", dry_run=True, launches=((1, 256),))
+    row, trow = gemm.run_point(gemm.Shape(128, 512), 1, [], [], 1e12, a, floor, scales_ahead=(2, 3))
+    assert row["scales_ahead_base"] == repr(mine)
+    assert set(row["scales_ahead_us"]) == {2, 3} and all(isinstance(t, float) for t in row["scales_ahead_us"].values())
+    gemm.print_report([{"shape": "tiny", **row}], [trow])
+    assert "2 ahead" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("words, programs", [(26214, 132), (99942, 528), (1024, 132), (7, 8)])
 def test_launch_floor_reads_every_word(words, programs):
     # The first version dropped each program's tail (a 4 MB "read" read nothing at 4 programs per SM): the
