@@ -5,6 +5,7 @@
     python benchmarks/gemm.py --quick                 # 2 shapes, 4 row counts, a small sweep
     python benchmarks/gemm.py --only qwen3-32b        # a subset of the shapes (split a run that is too long)
     python benchmarks/gemm.py --dry-run               # CPU, Triton interpreter, one tiny shape: checks the script
+    python benchmarks/gemm.py --ms 16,32,64 --table-only --scales-ahead 2,3   # tuning idea 19 on the TABLE rows only
 
 Estimate (reasoned from round 1, where --quick took 7 s for 8 points with a warm Triton cache): small-M command
 ~95 Triton compiles (<= 1.5 s each) and 50 points x ~30 candidates at ~20 ms (capture + 10 replays of ~3 ms):
@@ -255,6 +256,40 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
+def table_point(shape: Shape, m: int, a: arch.Arch, scales_ahead=()) -> dict:
+    """``--table-only``: the committed TABLE row alone (and, for a small-M row, its scales ``scales_ahead`` K tiles
+    ahead): no sweep, a few seconds of device time per point instead of a minute."""
+    n, k = shape.n, shape.k
+    _, q, xs = shape.inputs(m)
+    want = ref.dequant_activation(q, xs) @ shape.w32.t()
+    row = {"N": n, "K": k, "M": m}
+    committed = bm.TABLE.get((a.name, bm.m_bucket(m), n, k))
+    if committed is None:
+        return row
+    row["table_config"] = f"{committed.path} {committed.config!r}"
+    row["table_us"] = measure(shape, q, xs, want, committed.path, committed.config)
+    if scales_ahead and committed.path == "small_m" and committed.config.k_unroll == 1:
+        row["scales_ahead_base"] = repr(committed.config)
+        row["scales_ahead_base_us"] = row["table_us"]
+        row["scales_ahead_us"] = {n_ahead: measure(shape, q, xs, want, "small_m",
+                                                   dataclasses.replace(committed.config, scales_ahead=n_ahead))
+                                  for n_ahead in scales_ahead}  # fmt: skip
+    log(f"  M={m}: TABLE {row['table_config']} {_fmt(row['table_us'])}")
+    return row
+
+
+def print_scales_ahead(rows) -> None:
+    """Tuning idea 19's table: each row's config with its scales N tiles ahead, over the config itself."""
+    ahead = [r for r in rows if "scales_ahead_us" in r]
+    if ahead:
+        print("\nTuning idea 19: the scales N K tiles ahead, over the same config with them one ahead (< 1 helps)")
+        keys = sorted(ahead[0]["scales_ahead_us"])
+        print(tabulate([[r["shape"], r["M"], r["scales_ahead_base"], r["scales_ahead_base_us"],
+                         *[_ratio(r["scales_ahead_us"][n], r["scales_ahead_base_us"]) for n in keys]] for r in ahead],
+                       headers=["shape", "M", "config", "us", *[f"{n} ahead" for n in keys]],
+                       floatfmt=".3f"))  # fmt: skip
+
+
 def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=(), scales_ahead=()):
     rows, table_rows = [], []
     floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
@@ -339,14 +374,7 @@ def print_report(rows, table_rows) -> None:
             f"({r['N']}, {r['K']}) M={r['M']}" for r in small if (_ratio(r.get("bf16_in_us"), r["best_us"]) or 9) < 1
         ]
         print(f"small_m.py 'worth it' (bf16 input faster than the best fp8-input GEMM): {', '.join(worth) or 'none'}")
-    ahead = [r for r in rows if "scales_ahead_us" in r]
-    if ahead:
-        print("\nTuning idea 19: the scales N K tiles ahead, over the same config with them one ahead (< 1 helps)")
-        keys = sorted(ahead[0]["scales_ahead_us"])
-        print(tabulate([[r["shape"], r["M"], r["scales_ahead_base"], r["scales_ahead_base_us"],
-                         *[_ratio(r["scales_ahead_us"][n], r["scales_ahead_base_us"]) for n in keys]] for r in ahead],
-                       headers=["shape", "M", "config", "us", *[f"{n} ahead" for n in keys]],
-                       floatfmt=".3f"))  # fmt: skip
+    print_scales_ahead(rows)
     print("\n# Paste into TABLE in fp8_fusion_pass/kernels/triton/blockscale_mm.py")
     print(f"# measured {time.strftime('%Y-%m-%d')} on {_script.device_name(DEVICE)}, torch {torch.__version__}, "
           f"Triton {triton.__version__}, by `python benchmarks/gemm.py`")  # fmt: skip
@@ -366,6 +394,8 @@ def main(argv=None) -> int:
     p.add_argument("--gemv-wide", action="store_true", help="sweep the GEMV (M <= 4) over SWEEP_GEMV_WIDE")
     p.add_argument("--scales-ahead", default="", help="e.g. 2,3: also time each point's TABLE small-M row (else the "
                    "best small-M config) with its scales that many K tiles ahead (tuning idea 19)")
+    p.add_argument("--table-only", action="store_true", help="no sweep: time each point's committed TABLE row "
+                   "(with --scales-ahead, also that row with its scales further ahead)")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -390,6 +420,20 @@ def main(argv=None) -> int:
     log(_script.setup_line(DEVICE, a.name, bw))
     t0 = time.time()
     scales_ahead = tuple(int(v) for v in args.scales_ahead.split(",") if v)
+    if args.table_only:
+        rows = []
+        for name, n, k in shapes:
+            log(f"{name}: N={n} K={k}")
+            shape = Shape(n, k)
+            rows += [{"shape": name, **table_point(shape, m, a, scales_ahead)} for m in ms]
+            del shape
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+        print(tabulate([[r["shape"], r["M"], r.get("table_config"), r.get("table_us")] for r in rows],
+                       headers=["shape", "M", "TABLE row", "us"], floatfmt=".2f"))  # fmt: skip
+        print_scales_ahead(rows)
+        _script.write_json(args.json, bw, DEVICE, rows)
+        return 0
     rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split, scales_ahead)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)

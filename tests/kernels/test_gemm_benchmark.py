@@ -140,6 +140,14 @@ def test_scales_ahead_times_the_committed_row_deeper(monkeypatch, capsys):
     assert set(row["scales_ahead_us"]) == {2, 3} and all(isinstance(t, float) for t in row["scales_ahead_us"].values())
     gemm.print_report([{"shape": "tiny", **row}], [trow])
     assert "2 ahead" in capsys.readouterr().out
+    # --table-only: the committed row and its deeper variants, no sweep
+    row = gemm.table_point(gemm.Shape(128, 512), 1, a, scales_ahead=(2,))
+    assert row["table_config"] == f"small_m {mine!r}" and isinstance(row["table_us"], float)
+    assert set(row["scales_ahead_us"]) == {2} and row["scales_ahead_base_us"] == row["table_us"]
+    # and from the command line: the dry run's tiny shape is this N x K, so M = 1 finds the row above (M = 65 none)
+    assert gemm.main(["--dry-run", "--table-only", "--scales-ahead", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "TABLE row" in out and "2 ahead" in out
 
 
 @pytest.mark.parametrize("words, programs", [(26214, 132), (99942, 528), (1024, 132), (7, 8)])
