@@ -245,15 +245,22 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     # Tuning idea 19: the committed small-M row (else this run's best small-M config) with its scales loaded
     # further ahead, against itself; the same products, so any difference is time.
     base = committed.config if committed is not None and committed.path == "small_m" else sm_cfg
-    if scales_ahead and base is not None and base.k_unroll == 1:
-        row["scales_ahead_base"] = repr(base)
-        row["scales_ahead_base_us"] = cand.get(("small_m", base))
-        row["scales_ahead_us"] = {n_ahead: measure(shape, q, xs, want, "small_m",
-                                                   dataclasses.replace(base, scales_ahead=n_ahead))
-                                  for n_ahead in scales_ahead}  # fmt: skip
+    if base is not None:
+        row.update(scales_ahead_columns(shape, q, xs, want, base, cand.get(("small_m", base)), scales_ahead))
     note = f"{best:.1f} us = {best / roof:.2f}x roofline; cuBLAS {_fmt(cub)}, bf16 {bf16:.1f} us"
     log(f"  M={m}: best {path} {cfg or ''} {best:.1f} us ({best / roof:.2f}x roofline), cuBLAS {_fmt(cub)}")
     return row, table_row(a.name, m, n, k, path, cfg, note)
+
+
+def scales_ahead_columns(shape: Shape, q, xs, want, base: SmallMConfig, base_us, scales_ahead) -> dict:
+    """Tuning idea 19: ``base`` (timed already: ``base_us``) with its scales each of ``scales_ahead`` K tiles ahead;
+    none where it unrolls K (the ring is for one tile per step)."""
+    if not scales_ahead or base.k_unroll != 1:
+        return {}
+    return {"scales_ahead_base": repr(base), "scales_ahead_base_us": base_us,
+            "scales_ahead_us": {n_ahead: measure(shape, q, xs, want, "small_m",
+                                                 dataclasses.replace(base, scales_ahead=n_ahead))
+                                for n_ahead in scales_ahead}}  # fmt: skip
 
 
 def table_point(shape: Shape, m: int, a: arch.Arch, scales_ahead=()) -> dict:
@@ -268,12 +275,8 @@ def table_point(shape: Shape, m: int, a: arch.Arch, scales_ahead=()) -> dict:
         return row
     row["table_config"] = f"{committed.path} {committed.config!r}"
     row["table_us"] = measure(shape, q, xs, want, committed.path, committed.config)
-    if scales_ahead and committed.path == "small_m" and committed.config.k_unroll == 1:
-        row["scales_ahead_base"] = repr(committed.config)
-        row["scales_ahead_base_us"] = row["table_us"]
-        row["scales_ahead_us"] = {n_ahead: measure(shape, q, xs, want, "small_m",
-                                                   dataclasses.replace(committed.config, scales_ahead=n_ahead))
-                                  for n_ahead in scales_ahead}  # fmt: skip
+    if committed.path == "small_m":
+        row.update(scales_ahead_columns(shape, q, xs, want, committed.config, row["table_us"], scales_ahead))
     log(f"  M={m}: TABLE {row['table_config']} {_fmt(row['table_us'])}")
     return row
 

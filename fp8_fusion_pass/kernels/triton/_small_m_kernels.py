@@ -540,7 +540,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         per_split, *slots[1], *slots[2], a_desc, b_desc,
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
-        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, SCALES_AHEAD=cfg.scales_ahead if unroll == 1 else 1,
+        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, SCALES_AHEAD=cfg.scales_ahead,
         num_warps=cfg.warps, num_stages=cfg.stages,
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
