@@ -5,7 +5,7 @@
     python benchmarks/gemm.py --quick                 # 2 shapes, 4 row counts, a small sweep
     python benchmarks/gemm.py --only qwen3-32b        # a subset of the shapes (split a run that is too long)
     python benchmarks/gemm.py --dry-run               # CPU, Triton interpreter, one tiny shape: checks the script
-    python benchmarks/gemm.py --ms 16,32,64 --table-only --scales-ahead 2,3   # tuning idea 19 on the TABLE rows only
+    python benchmarks/gemm.py --ms 16,32,64 --table-only   # re-time the committed TABLE rows only (no sweep)
 
 Estimate (reasoned from round 1, where --quick took 7 s for 8 points with a warm Triton cache): small-M command
 ~95 Triton compiles (<= 1.5 s each) and 50 points x ~30 candidates at ~20 ms (capture + 10 replays of ~3 ms):
@@ -195,7 +195,7 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
 
 
 def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Arch, floor: ReadFloor,
-              gemv_sweep=(), row_split=(), scales_ahead=()) -> tuple[dict, str]:
+              gemv_sweep=(), row_split=()) -> tuple[dict, str]:
     n, k = shape.n, shape.k
     x, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -242,30 +242,14 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
         row["table_us"] = cand.get((committed.path, committed.config))
     if sm_cfg is not None:
         row.update(small_m_extras(shape, x, q, xs, want, sm_cfg))
-    # Tuning idea 19: the committed small-M row (else this run's best small-M config) with its scales loaded
-    # further ahead, against itself; the same products, so any difference is time.
-    base = committed.config if committed is not None and committed.path == "small_m" else sm_cfg
-    if base is not None:
-        row.update(scales_ahead_columns(shape, q, xs, want, base, cand.get(("small_m", base)), scales_ahead))
     note = f"{best:.1f} us = {best / roof:.2f}x roofline; cuBLAS {_fmt(cub)}, bf16 {bf16:.1f} us"
     log(f"  M={m}: best {path} {cfg or ''} {best:.1f} us ({best / roof:.2f}x roofline), cuBLAS {_fmt(cub)}")
     return row, table_row(a.name, m, n, k, path, cfg, note)
 
 
-def scales_ahead_columns(shape: Shape, q, xs, want, base: SmallMConfig, base_us, scales_ahead) -> dict:
-    """Tuning idea 19: ``base`` (timed already: ``base_us``) with its scales each of ``scales_ahead`` K tiles ahead;
-    none where it unrolls K (the ring is for one tile per step)."""
-    if not scales_ahead or base.k_unroll != 1:
-        return {}
-    return {"scales_ahead_base": repr(base), "scales_ahead_base_us": base_us,
-            "scales_ahead_us": {n_ahead: measure(shape, q, xs, want, "small_m",
-                                                 dataclasses.replace(base, scales_ahead=n_ahead))
-                                for n_ahead in scales_ahead}}  # fmt: skip
-
-
-def table_point(shape: Shape, m: int, a: arch.Arch, scales_ahead=()) -> dict:
-    """``--table-only``: the committed TABLE row alone (and, for a small-M row, its scales ``scales_ahead`` K tiles
-    ahead): no sweep, a few seconds of device time per point instead of a minute."""
+def table_point(shape: Shape, m: int, a: arch.Arch) -> dict:
+    """``--table-only``: the committed TABLE row alone, checked against the oracle like every candidate: no sweep,
+    a few seconds of device time per point instead of a minute."""
     n, k = shape.n, shape.k
     _, q, xs = shape.inputs(m)
     want = ref.dequant_activation(q, xs) @ shape.w32.t()
@@ -275,32 +259,18 @@ def table_point(shape: Shape, m: int, a: arch.Arch, scales_ahead=()) -> dict:
         return row
     row["table_config"] = f"{committed.path} {committed.config!r}"
     row["table_us"] = measure(shape, q, xs, want, committed.path, committed.config)
-    if committed.path == "small_m":
-        row.update(scales_ahead_columns(shape, q, xs, want, committed.config, row["table_us"], scales_ahead))
     log(f"  M={m}: TABLE {row['table_config']} {_fmt(row['table_us'])}")
     return row
 
 
-def print_scales_ahead(rows) -> None:
-    """Tuning idea 19's table: each row's config with its scales N tiles ahead, over the config itself."""
-    ahead = [r for r in rows if "scales_ahead_us" in r]
-    if ahead:
-        print("\nTuning idea 19: the scales N K tiles ahead, over the same config with them one ahead (< 1 helps)")
-        keys = sorted(ahead[0]["scales_ahead_us"])
-        print(tabulate([[r["shape"], r["M"], r["scales_ahead_base"], r["scales_ahead_base_us"],
-                         *[_ratio(r["scales_ahead_us"][n], r["scales_ahead_base_us"]) for n in keys]] for r in ahead],
-                       headers=["shape", "M", "config", "us", *[f"{n} ahead" for n in keys]],
-                       floatfmt=".3f"))  # fmt: skip
-
-
-def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=(), scales_ahead=()):
+def run(shapes, ms, families, tiled_sweep, bw: float, a: arch.Arch, gemv_sweep=(), row_split=()):
     rows, table_rows = [], []
     floor = ReadFloor(DEVICE, dry_run=DEVICE == "cpu")
     for name, n, k in shapes:
         log(f"{name}: N={n} K={k}")
         shape = Shape(n, k)
         for m in ms:
-            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, row_split, scales_ahead)
+            row, trow = run_point(shape, m, families, tiled_sweep, bw, a, floor, gemv_sweep, row_split)
             rows.append({"shape": name, **row})
             table_rows.append(trow)
         del shape
@@ -377,7 +347,6 @@ def print_report(rows, table_rows) -> None:
             f"({r['N']}, {r['K']}) M={r['M']}" for r in small if (_ratio(r.get("bf16_in_us"), r["best_us"]) or 9) < 1
         ]
         print(f"small_m.py 'worth it' (bf16 input faster than the best fp8-input GEMM): {', '.join(worth) or 'none'}")
-    print_scales_ahead(rows)
     print("\n# Paste into TABLE in fp8_fusion_pass/kernels/triton/blockscale_mm.py")
     print(f"# measured {time.strftime('%Y-%m-%d')} on {_script.device_name(DEVICE)}, torch {torch.__version__}, "
           f"Triton {triton.__version__}, by `python benchmarks/gemm.py`")  # fmt: skip
@@ -395,10 +364,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--small-only", action="store_true", help="no tiled sweep (M <= 64 runs)")
     p.add_argument("--gemv-wide", action="store_true", help="sweep the GEMV (M <= 4) over SWEEP_GEMV_WIDE")
-    p.add_argument("--scales-ahead", default="", help="e.g. 2,3: also time each point's TABLE small-M row (else the "
-                   "best small-M config) with its scales that many K tiles ahead (tuning idea 19)")
-    p.add_argument("--table-only", action="store_true", help="no sweep: time each point's committed TABLE row "
-                   "(with --scales-ahead, also that row with its scales further ahead)")
+    p.add_argument("--table-only", action="store_true", help="no sweep: time each point's committed TABLE row")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -422,22 +388,20 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(args.dry_run)
     log(_script.setup_line(DEVICE, a.name, bw))
     t0 = time.time()
-    scales_ahead = tuple(int(v) for v in args.scales_ahead.split(",") if v)
     if args.table_only:
         rows = []
         for name, n, k in shapes:
             log(f"{name}: N={n} K={k}")
             shape = Shape(n, k)
-            rows += [{"shape": name, **table_point(shape, m, a, scales_ahead)} for m in ms]
+            rows += [{"shape": name, **table_point(shape, m, a)} for m in ms]
             del shape
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
         print(tabulate([[r["shape"], r["M"], r.get("table_config"), r.get("table_us")] for r in rows],
                        headers=["shape", "M", "TABLE row", "us"], floatfmt=".2f"))  # fmt: skip
-        print_scales_ahead(rows)
         _script.write_json(args.json, bw, DEVICE, rows)
         return 0
-    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split, scales_ahead)
+    rows, table_rows = run(shapes, ms, families, tiled_sweep, bw, a, gemv_sweep, row_split)
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {len(rows)} points in {time.time() - t0:.0f} s\n")
     print_report(rows, table_rows)
     _script.write_json(args.json, bw, DEVICE, rows)

@@ -142,24 +142,6 @@ def test_rows_split_over_programs(m, config):
         assert int(smk.tile_counters(q.device, 1).abs().sum()) == 0  # the row tiles' counters are reset too
 
 
-@pytest.mark.parametrize("ahead", [2, 3])
-@pytest.mark.parametrize("m, k, config", [
-    (5, 1024, SmallMConfig(64, 3, 4, 2, "last")),  # pointer tiles, splits of 3 / 3 / 2 K tiles
-    (17, 1024, SmallMConfig(64, 2, 4, 2, "kernel", tma=True)),  # TMA tiles, two launches
-    (3, 384, SmallMConfig(64, 3, 4, 2, "last", tma=True)),  # one K tile per split: every look-ahead clamped
-    (40, 640, SmallMConfig(64, 1, 4, 2, "last", block_m=16)),  # rows split, one split of 5 tiles
-])  # fmt: skip
-def test_scales_ahead_equal_one_tile_ahead_bitwise(m, k, config, ahead):
-    # Tuning idea 19 only moves the scale loads earlier: the same scales promote the same products.
-    q, xs, w_q, w_s = make_inputs(m, 200, k)
-    y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
-    deeper = dataclasses.replace(config, scales_ahead=ahead)
-    assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, FP32, config=deeper), y)
-    x = torch.randn(m, k, dtype=BF16, device=DEVICE)  # and with the activation quantized inside (no x scales)
-    assert torch.equal(smk.small_m_mm_bf16(x, w_q, w_s, FP32, 128, deeper), smk.small_m_mm_bf16(x, w_q, w_s, FP32,
-                                                                                                 128, config))
-
-
 def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
     # A base off 16 bytes, or several weights in one launch: the pointer loads run, with the same result.
     q, xs, w_q, w_s = make_inputs(5, 256, 512)
@@ -262,10 +244,6 @@ def test_small_m_config_rules():
         SmallMConfig(block_m=8)
     with pytest.raises(ValueError, match="block_m"):
         SmallMConfig(block_m=16, fma=True)
-    with pytest.raises(ValueError, match="scales_ahead"):
-        SmallMConfig(scales_ahead=4)
-    with pytest.raises(ValueError, match="scales_ahead"):
-        SmallMConfig(scales_ahead=2, k_unroll=2)
     q, xs, w_q, w_s = make_inputs(5, 128, 256)
     with pytest.raises(ValueError, match="M <= 4"):
         bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(fma=True))

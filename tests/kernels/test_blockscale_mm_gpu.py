@@ -220,22 +220,6 @@ def test_small_m_variants_match_oracle(m, n, k):
         _check("small-M variant", f"small_m {cfg}", y, want, BF16, m, n, k)
 
 
-@pytest.mark.parametrize("ahead", [2, 3])
-@pytest.mark.parametrize("n, k", [(6144, 4096), (5120, 25600)])
-@pytest.mark.parametrize("m, cfg", [
-    (64, SmallMConfig(64, 1, 4, 6, "last", tma=True, block_m=32)),  # one split: each program's whole K loop
-    (16, SmallMConfig(64, 4, 4, 4, "last", tma=True)),  # four splits, the in-launch sum
-    (5, SmallMConfig(64, 3, 4, 4, "kernel")),  # pointer tiles, the two-launch sum
-])  # fmt: skip
-def test_scales_ahead_bitwise_on_gpu(m, cfg, n, k, ahead):
-    # Tuning idea 19 moves only the scale loads: the compiled kernel must give the same bits as one tile ahead.
-    w_q, w_s, _ = _weights(n, k)
-    q, xs = _activations(m, k)
-    y = bm.run("small_m", q, xs, w_q, w_s, BF16, config=cfg)
-    deeper = SmallMConfig(**{**cfg.__dict__, "scales_ahead": ahead})
-    assert torch.equal(bm.run("small_m", q, xs, w_q, w_s, BF16, config=deeper), y)
-
-
 @pytest.mark.parametrize("n, k", [(6144, 4096), (5120, 8192)])
 @pytest.mark.parametrize("m, cfg", [
     (64, SmallMConfig(64, 1, 4, 4, "last", tma=True, block_m=32)),

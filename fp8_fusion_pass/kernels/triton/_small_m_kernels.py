@@ -13,7 +13,6 @@ At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8
   not per call. Memory order: stores -> CTA barrier -> acq_rel gpu-scope ticket (CUTLASS's semaphore pattern);
   the last program reads partials with ``.cg`` (L2, never a stale L1 line).
 - ``k_unroll``: K tiles (one weight-scale block each) per loop iteration: 2 = a 256-wide K step, two promotions.
-- ``scales_ahead``: how many K tiles ahead ``_k_loop`` loads the scales (1-3; tuning idea 19, not yet timed).
 - ``tma``: both operand tiles loaded by the copy engine from tensor descriptors (sm90+; one weight, fp8 input);
   a launch that cannot take them (several weights, a bf16 input, an unaligned base, no TMA) loads the same tiles
   through pointers, with the same output bit for bit.
@@ -79,7 +78,6 @@ class SmallMConfig:
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
     tma: bool = False  # operand tiles by TMA (tuning idea 13); launches it cannot take run the same kernel without it
     block_m: int = 0  # activation rows per program: 16, 32 or 64 (tuning idea 15); 0: M up to 64 (small_m_block_m)
-    scales_ahead: int = 1  # K tiles ahead that ``_k_loop`` loads the scales: 1-3 (tuning idea 19; 1 with k_unroll 2)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
@@ -96,8 +94,6 @@ class SmallMConfig:
             raise ValueError(f"SmallMConfig: split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
         if self.block_m not in (0, 16, 32, 64) or (self.block_m and self.fma):
             raise ValueError(f"SmallMConfig.block_m must be 0, or 16, 32 or 64 for the tensor cores, got {self}")
-        if self.scales_ahead not in (1, 2, 3) or (self.scales_ahead > 1 and self.k_unroll != 1):
-            raise ValueError(f"SmallMConfig.scales_ahead must be 1-3 (1 with k_unroll 2), got {self}")
 
 
 @triton.jit
@@ -140,8 +136,7 @@ def _scales(ws_ptrs, xs_ptrs, kt, stride_bsk, stride_ask, GROUP_K: tl.constexpr,
 def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, fp8_dtype: tl.constexpr,
             GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
             FMA: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
-            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr = False, n0=0, m0=0,
-            SCALES_AHEAD: tl.constexpr = 1):  # fmt: skip
+            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr = False, n0=0, m0=0):  # fmt: skip
     """``acc [rows, BLOCK_M]`` += the weight rows' K tiles ``[kt_start, kt_end)`` times the activation's, each
     tile's product promoted by its weight-scale and activation-scale pair (the GEMM's one K loop, shared by
     ``_small_m_kernel`` and the SiLU-quant epilogue kernel, ``_small_m_silu_kernels.py``).
@@ -152,19 +147,10 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
 
     The scales are loaded one K tile ahead (docs/small_m_tuning.md, idea 12): Triton pipelines only the loads that
     feed the MMA, so a scale load in the tile's own iteration was a round trip on every iteration's critical
-    path. The last iteration re-loads its own tile's scales (an in-range address, no mask). ``SCALES_AHEAD`` 2 / 3
-    (with ``K_UNROLL`` 1; idea 19) loads them that many tiles ahead through a ring of loop-carried registers: one
-    iteration is ~0.4 us at M = 64, less than a scale load's round trip while the weight streams."""
+    path. The last iteration re-loads its own tile's scales (an in-range address, no mask)."""
     kt_last = kt_end - K_UNROLL
     w_next, x_next = _scales(ws_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K,
                              QUANT_A)  # fmt: skip
-    w_a1, x_a1, w_a2, x_a2 = w_next, x_next, w_next, x_next  # the deeper slots of the ring (SCALES_AHEAD 2, 3)
-    if SCALES_AHEAD >= 2:
-        w_a1, x_a1 = _scales(ws_ptrs, xs_ptrs, tl.minimum(kt_start + 1, kt_last), stride_bsk, stride_ask, GROUP_K,
-                             SCALE_BLOCK, BLOCK_K, QUANT_A)  # fmt: skip
-    if SCALES_AHEAD == 3:
-        w_a2, x_a2 = _scales(ws_ptrs, xs_ptrs, tl.minimum(kt_start + 2, kt_last), stride_bsk, stride_ask, GROUP_K,
-                             SCALE_BLOCK, BLOCK_K, QUANT_A)  # fmt: skip
     if K_UNROLL == 2:
         w_next1, x_next1 = _scales(ws_ptrs, xs_ptrs, kt_start + 1, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK,
                                    BLOCK_K, QUANT_A)  # fmt: skip
@@ -172,15 +158,9 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
         w_next1, x_next1 = w_next, x_next
     for kt in range(kt_start, kt_end, K_UNROLL):
         w_s0, x_s0, w_s1, x_s1 = w_next, x_next, w_next1, x_next1
-        kt_ahead = tl.minimum(kt + SCALES_AHEAD * K_UNROLL, kt_last)
-        w_new, x_new = _scales(ws_ptrs, xs_ptrs, kt_ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K,
-                               QUANT_A)  # fmt: skip
-        if SCALES_AHEAD == 1:
-            w_next, x_next = w_new, x_new
-        elif SCALES_AHEAD == 2:
-            w_next, x_next, w_a1, x_a1 = w_a1, x_a1, w_new, x_new
-        else:
-            w_next, x_next, w_a1, x_a1, w_a2, x_a2 = w_a1, x_a1, w_a2, x_a2, w_new, x_new
+        kt_ahead = tl.minimum(kt + K_UNROLL, kt_last)
+        w_next, x_next = _scales(ws_ptrs, xs_ptrs, kt_ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK,
+                                 BLOCK_K, QUANT_A)  # fmt: skip
         if K_UNROLL == 2:
             w_next1, x_next1 = _scales(ws_ptrs, xs_ptrs, kt_ahead + 1, stride_bsk, stride_ask, GROUP_K,
                                        SCALE_BLOCK, BLOCK_K, QUANT_A)  # fmt: skip
@@ -291,7 +271,6 @@ def _small_m_kernel(
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait for the previous grid before the loop
     PREFETCH: tl.constexpr,  # PDL: prefetch the first weight tiles into L2 before the wait (16-byte aligned rows)
     TMA: tl.constexpr,  # operand tiles by the copy engine (GROUPS 1, fp8 input, tensor cores; _k_loop)
-    SCALES_AHEAD: tl.constexpr,  # K tiles ahead that _k_loop loads the scales (1-3; tuning idea 19)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -330,12 +309,11 @@ def _small_m_kernel(
     if TMA:
         acc = _k_loop(acc, b_desc, ws_ptrs, a_desc, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
                       b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
-                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, True, pid_n * BLOCK_N, pid_m * BLOCK_M,
-                      SCALES_AHEAD)  # fmt: skip
+                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, True, pid_n * BLOCK_N, pid_m * BLOCK_M)  # fmt: skip
     else:
         acc = _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
                       b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
-                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, SCALES_AHEAD=SCALES_AHEAD)  # fmt: skip
+                      FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # after the loop, not at the top (measured: tuning idea 10)
 
@@ -540,8 +518,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         per_split, *slots[1], *slots[2], a_desc, b_desc,
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
-        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, SCALES_AHEAD=cfg.scales_ahead,
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages,
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:

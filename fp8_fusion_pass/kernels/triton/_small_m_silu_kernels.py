@@ -248,8 +248,6 @@ def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
         return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
     if config.tma and config.k_unroll != 1:
         return "with tma the gate and up tiles are loaded one K tile per step (k_unroll 1)"
-    if config.scales_ahead != 1:
-        return "its K loops load the scales one K tile ahead (scales_ahead 1; deeper is the plain GEMM's, idea 19)"
     return None
 
 
