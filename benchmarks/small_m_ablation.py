@@ -1,0 +1,102 @@
+"""What bounds the small-M GEMM at M = 16-64: the committed kernel timed against copies of itself with one part of
+its K loop taken out (a probe; the ablated copies give wrong products and are only timed).
+
+    PYTHONPATH=. python benchmarks/small_m_ablation.py --ms 16,32,64            # H200: every TABLE small-M row
+    PYTHONPATH=. python benchmarks/small_m_ablation.py --check                  # any machine: the edits still apply
+
+Variants, each a copy of ``_small_m_kernels.py`` with one textual edit, imported as a sibling module:
+- ``copy``: no edit (the control: a copy of the module times as the module does);
+- ``noscale``: no promotion by the scales (``acc += part``): the scale loads are dead and compiled away, so this
+  bounds what any change to the scales' layout or timing (tuning ideas 12, 19) could gain;
+- ``chain``: no promotion at all, ``acc = tl.dot(w, x, acc)``: the plain FP8 GEMM whose MMAs Triton keeps in
+  flight across K tiles; this bounds what overlapping the promotion with the MMA (ideas 17, 18) could gain.
+Timing is ``gemm.py``'s: CUDA-graph medians, weights rotating beyond L2, the committed TABLE config per point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fp8_fusion_pass import arch  # noqa: E402
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm  # noqa: E402
+from fp8_fusion_pass.kernels.triton import _small_m_kernels  # noqa: E402
+
+PROMOTE = "acc += part * w_s[:, None] * x_s[None, :]"
+DOT = "part = tl.dot(w, x)"
+EDITS = {
+    "copy": [],
+    "noscale": [(PROMOTE, "acc += part")],
+    "chain": [(DOT, "part = tl.dot(w, x, acc)"), (PROMOTE, "acc = part")],
+}
+
+
+def variant_source(name: str) -> str:
+    src = open(_small_m_kernels.__file__).read()
+    for old, new in EDITS[name]:
+        if src.count(old) != 1:
+            raise RuntimeError(f"small_m_ablation: {old!r} is not in _small_m_kernels.py exactly once")
+        src = src.replace(old, new)
+    return src
+
+
+def load_variant(name: str):
+    """The edited copy as ``fp8_fusion_pass.kernels.triton._ablate_<name>`` (its relative imports resolve)."""
+    path = os.path.join(os.path.dirname(_small_m_kernels.__file__), f"_ablate_{name}.py")
+    with open(path, "w") as f:
+        f.write(variant_source(name))
+    return importlib.import_module(f"fp8_fusion_pass.kernels.triton._ablate_{name}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ms", default="16,32,64")
+    p.add_argument("--check", action="store_true", help="only check that every edit applies (no GPU)")
+    args = p.parse_args(argv)
+    if args.check:
+        for name in EDITS:
+            variant_source(name)
+        print("every edit applies")
+        return 0
+    import gemm
+    from _timing import time_graph
+    from tabulate import tabulate
+
+    if not torch.cuda.is_available():
+        print("small_m_ablation: needs a CUDA GPU (--check runs anywhere)", file=sys.stderr)
+        return 2
+    gemm.DEVICE = "cuda"
+    a = arch.arch_of("cuda")
+    mods = {name: load_variant(name) for name in EDITS}
+    rows = []
+    for name, n, k in gemm.SHAPES:
+        shape = gemm.Shape(n, k)
+        for m in (int(v) for v in args.ms.split(",")):
+            choice = bm.TABLE.get((a.name, bm.m_bucket(m), n, k))
+            if choice is None or choice.path != "small_m":
+                continue
+            _, q, xs = shape.inputs(m)
+            cfg = choice.config
+            base = time_graph(lambda i: bm.run("small_m", q, xs, *shape.w8[i], torch.bfloat16, config=cfg),
+                              shape.copies)
+            t = {v: time_graph(lambda i, mod=mod: mod.small_m_mm(q, xs, *shape.w8[i], torch.bfloat16, cfg),
+                               shape.copies) for v, mod in mods.items()}  # fmt: skip
+            rows.append([name, m, f"split {cfg.split_k} tma {cfg.tma} block_m {cfg.block_m}", base,
+                         *[t[v] / base for v in EDITS]])
+            print(f"{name} M={m}: {base:.2f} us; " + ", ".join(f"{v} {t[v] / base:.3f}" for v in EDITS),
+                  file=sys.stderr, flush=True)
+        del shape
+        torch.cuda.empty_cache()
+    print(tabulate(rows, headers=["shape", "M", "config", "committed us", *[f"{v} / committed" for v in EDITS]],
+                   floatfmt=".3f"))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
