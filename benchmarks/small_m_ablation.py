@@ -22,11 +22,11 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_fusion_pass import arch
+from fp8_fusion_pass.kernels.triton import _small_m_kernels
+from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
 
-from fp8_fusion_pass import arch  # noqa: E402
-from fp8_fusion_pass.kernels.triton import blockscale_mm as bm  # noqa: E402
-from fp8_fusion_pass.kernels.triton import _small_m_kernels  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PROMOTE = "acc += part * w_s[:, None] * x_s[None, :]"
 DOT = "part = tl.dot(w, x)"
@@ -38,7 +38,8 @@ EDITS = {
 
 
 def variant_source(name: str) -> str:
-    src = open(_small_m_kernels.__file__).read()
+    with open(_small_m_kernels.__file__) as f:
+        src = f.read()
     for old, new in EDITS[name]:
         if src.count(old) != 1:
             raise RuntimeError(f"small_m_ablation: {old!r} is not in _small_m_kernels.py exactly once")
@@ -52,6 +53,14 @@ def load_variant(name: str):
     with open(path, "w") as f:
         f.write(variant_source(name))
     return importlib.import_module(f"fp8_fusion_pass.kernels.triton._ablate_{name}")
+
+
+def time_variants(shape, m: int, cfg, mods: dict, time_graph) -> tuple[float, dict]:
+    """Microseconds of the committed kernel (``blockscale_mm.run``) and of each variant module, same inputs."""
+    _, q, xs = shape.inputs(m)
+    base = time_graph(lambda i: bm.run("small_m", q, xs, *shape.w8[i], torch.bfloat16, config=cfg), shape.copies)
+    return base, {v: time_graph(lambda i, mod=mod: mod.small_m_mm(q, xs, *shape.w8[i], torch.bfloat16, cfg),
+                                shape.copies) for v, mod in mods.items()}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -81,12 +90,8 @@ def main(argv=None) -> int:
             choice = bm.TABLE.get((a.name, bm.m_bucket(m), n, k))
             if choice is None or choice.path != "small_m":
                 continue
-            _, q, xs = shape.inputs(m)
+            base, t = time_variants(shape, m, choice.config, mods, time_graph)
             cfg = choice.config
-            base = time_graph(lambda i: bm.run("small_m", q, xs, *shape.w8[i], torch.bfloat16, config=cfg),
-                              shape.copies)
-            t = {v: time_graph(lambda i, mod=mod: mod.small_m_mm(q, xs, *shape.w8[i], torch.bfloat16, cfg),
-                               shape.copies) for v, mod in mods.items()}  # fmt: skip
             rows.append([name, m, f"split {cfg.split_k} tma {cfg.tma} block_m {cfg.block_m}", base,
                          *[t[v] / base for v in EDITS]])
             print(f"{name} M={m}: {base:.2f} us; " + ", ".join(f"{v} {t[v] / base:.3f}" for v in EDITS),
