@@ -4,12 +4,20 @@ its K loop taken out (a probe; the ablated copies give wrong products and are on
     PYTHONPATH=. python benchmarks/small_m_ablation.py --ms 16,32,64            # H200: every TABLE small-M row
     PYTHONPATH=. python benchmarks/small_m_ablation.py --check                  # any machine: the edits still apply
 
-Variants, each a copy of ``_small_m_kernels.py`` with one textual edit, imported as a sibling module:
+Variants: a copy of ``_small_m_kernels.py`` with textual edits (``EDITS``, imported as a sibling module), and the
+activation scales passed column-major (``[M, K / 128]`` with strides ``(1, M)``: a K tile's scales for all rows
+contiguous, the layout DeepGEMM asks for):
 - ``copy``: no edit (the control: a copy of the module times as the module does);
 - ``noscale``: no promotion by the scales (``acc += part``): the scale loads are dead and compiled away, so this
   bounds what any change to the scales' layout or timing (tuning ideas 12, 19) could gain;
+- ``no_w`` / ``no_x``: only the weight's / only the activation's scales taken out (which of the two loads costs);
 - ``chain``: no promotion at all, ``acc = tl.dot(w, x, acc)``: the plain FP8 GEMM whose MMAs Triton keeps in
-  flight across K tiles; this bounds what overlapping the promotion with the MMA (ideas 17, 18) could gain.
+  flight across K tiles; this bounds what overlapping the promotion with the MMA (ideas 17, 18) could gain;
+- ``w_scalar``: the tile's weight scale loaded once per K tile as a scalar (every row of a tile of <= 128 rows is
+  in one 128-row scale block) instead of once per row: the same products, bit for bit;
+- ``xs_cols`` / ``w_scalar+xs_cols``: the committed kernel / ``w_scalar`` with column-major activation scales:
+  bit for bit too (the same values, loaded from other addresses).
+The exact variants are checked bit for bit against the committed kernel at every point (``same`` column).
 Timing is ``gemm.py``'s: CUDA-graph medians, weights rotating beyond L2, the committed TABLE config per point.
 """
 
@@ -30,11 +38,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PROMOTE = "acc += part * w_s[:, None] * x_s[None, :]"
 DOT = "part = tl.dot(w, x)"
+WS = "ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn"
 EDITS = {
     "copy": [],
     "noscale": [(PROMOTE, "acc += part")],
+    "no_w": [(PROMOTE, "acc += part * x_s[None, :]")],
+    "no_x": [(PROMOTE, "acc += part * w_s[:, None]")],
     "chain": [(DOT, "part = tl.dot(w, x, acc)"), (PROMOTE, "acc = part")],
+    "w_scalar": [(WS, "ws_ptrs = bs_ptr + (tl.min(offs_n, axis=0) // SCALE_BLOCK) * stride_bsn"),
+                 (PROMOTE, "acc += part * w_s * x_s[None, :]")],
 }
+# (name, module, activation scales column-major, bit for bit the committed kernel's output)
+VARIANTS = [("copy", "copy", False, True), ("noscale", "noscale", False, False), ("no_w", "no_w", False, False),
+            ("no_x", "no_x", False, False), ("chain", "chain", False, False), ("w_scalar", "w_scalar", False, True),
+            ("xs_cols", None, True, True), ("w_scalar+xs_cols", "w_scalar", True, True)]
 
 
 def variant_source(name: str) -> str:
@@ -55,12 +72,21 @@ def load_variant(name: str):
     return importlib.import_module(f"fp8_fusion_pass.kernels.triton._ablate_{name}")
 
 
-def time_variants(shape, m: int, cfg, mods: dict, time_graph) -> tuple[float, dict]:
-    """Microseconds of the committed kernel (``blockscale_mm.run``) and of each variant module, same inputs."""
+def time_variants(shape, m: int, cfg, mods: dict, time_graph) -> tuple[float, dict, bool]:
+    """Microseconds of the committed kernel (``blockscale_mm.run``) and of each variant, same inputs; and whether
+    every exact variant gave the committed output bit for bit."""
     _, q, xs = shape.inputs(m)
+    xs_cols = xs.t().contiguous().t()  # same values, strides (1, M)
     base = time_graph(lambda i: bm.run("small_m", q, xs, *shape.w8[i], torch.bfloat16, config=cfg), shape.copies)
-    return base, {v: time_graph(lambda i, mod=mod: mod.small_m_mm(q, xs, *shape.w8[i], torch.bfloat16, cfg),
-                                shape.copies) for v, mod in mods.items()}  # fmt: skip
+    want = bm.run("small_m", q, xs, *shape.w8[0], torch.bfloat16, config=cfg)
+    times, same = {}, True
+    for name, module, cols, exact in VARIANTS:
+        mm = mods[module].small_m_mm if module else _small_m_kernels.small_m_mm
+        s = xs_cols if cols else xs
+        times[name] = time_graph(lambda i, mm=mm, s=s: mm(q, s, *shape.w8[i], torch.bfloat16, cfg), shape.copies)
+        if exact:
+            same = same and torch.equal(mm(q, s, *shape.w8[0], torch.bfloat16, cfg), want)
+    return base, times, same
 
 
 def main(argv=None) -> int:
@@ -90,15 +116,16 @@ def main(argv=None) -> int:
             choice = bm.TABLE.get((a.name, bm.m_bucket(m), n, k))
             if choice is None or choice.path != "small_m":
                 continue
-            base, t = time_variants(shape, m, choice.config, mods, time_graph)
+            base, t, same = time_variants(shape, m, choice.config, mods, time_graph)
             cfg = choice.config
+            names = [v[0] for v in VARIANTS]
             rows.append([name, m, f"split {cfg.split_k} tma {cfg.tma} block_m {cfg.block_m}", base,
-                         *[t[v] / base for v in EDITS]])
-            print(f"{name} M={m}: {base:.2f} us; " + ", ".join(f"{v} {t[v] / base:.3f}" for v in EDITS),
-                  file=sys.stderr, flush=True)
+                         *[t[v] / base for v in names], same])
+            print(f"{name} M={m}: {base:.2f} us; " + ", ".join(f"{v} {t[v] / base:.3f}" for v in names)
+                  + f"; exact variants bit for bit: {same}", file=sys.stderr, flush=True)
         del shape
         torch.cuda.empty_cache()
-    print(tabulate(rows, headers=["shape", "M", "config", "committed us", *[f"{v} / committed" for v in EDITS]],
+    print(tabulate(rows, headers=["shape", "M", "config", "committed us", *[v[0] for v in VARIANTS], "same"],
                    floatfmt=".3f"))  # fmt: skip
     return 0
 
