@@ -16,7 +16,10 @@ contiguous, the layout DeepGEMM asks for):
 - ``w_scalar``: the tile's weight scale loaded once per K tile as a scalar (every row of a tile of <= 128 rows is
   in one 128-row scale block) instead of once per row: the same products, bit for bit;
 - ``xs_cols`` / ``w_scalar+xs_cols``: the committed kernel / ``w_scalar`` with column-major activation scales:
-  bit for bit too (the same values, loaded from other addresses).
+  bit for bit too (the same values, loaded from other addresses);
+- ``xs_cols_nospec``: column-major scales with ``stride_asm`` not specialized to 1, so Triton cannot vectorize the
+  scale load into another layout (and convert it back through shared memory each K tile); the warp's lanes still
+  read neighbouring words, which the hardware coalesces.
 The exact variants are checked bit for bit against the committed kernel at every point (``same`` column).
 Timing is ``gemm.py``'s: CUDA-graph medians, weights rotating beyond L2, the committed TABLE config per point.
 """
@@ -38,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PROMOTE = "acc += part * w_s[:, None] * x_s[None, :]"
 DOT = "part = tl.dot(w, x)"
+JIT = '@triton.jit(do_not_specialize=["M", "k_tiles_per_split"])'
 WS = "ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn"
 EDITS = {
     "copy": [],
@@ -47,11 +51,13 @@ EDITS = {
     "chain": [(DOT, "part = tl.dot(w, x, acc)"), (PROMOTE, "acc = part")],
     "w_scalar": [(WS, "ws_ptrs = bs_ptr + (tl.min(offs_n, axis=0) // SCALE_BLOCK) * stride_bsn"),
                  (PROMOTE, "acc += part * w_s * x_s[None, :]")],
+    "nospec": [(JIT, JIT.replace('"k_tiles_per_split"]', '"k_tiles_per_split", "stride_asm"]'))],
 }
 # (name, module, activation scales column-major, bit for bit the committed kernel's output)
 VARIANTS = [("copy", "copy", False, True), ("noscale", "noscale", False, False), ("no_w", "no_w", False, False),
             ("no_x", "no_x", False, False), ("chain", "chain", False, False), ("w_scalar", "w_scalar", False, True),
-            ("xs_cols", None, True, True), ("w_scalar+xs_cols", "w_scalar", True, True)]
+            ("xs_cols", None, True, True), ("w_scalar+xs_cols", "w_scalar", True, True),
+            ("xs_cols_nospec", "nospec", True, True)]
 
 
 def variant_source(name: str) -> str:
