@@ -44,7 +44,19 @@ QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9], FAMILIES[1
 # families that won most M = 32 / 64 rows.
 ROW_SPLIT_FAMILIES = [FAMILIES[1], FAMILIES[14], FAMILIES[15], FAMILIES[16]]
 ROW_SPLITS = (16, 32)
-DRY_FAMILIES = [(32, 4, 2, 2, False, False), (32, 4, 2, 1, True, False), (32, 4, 2, 1, False, True)]
+# Idea 20: the activation rows on the MMA's M side (swap False; 64 rows, padded below M = 64), the weight tile its N
+# side, one weight scale per tile: (block_n, warps, stages, k_unroll, fma, tma, swap). ``gemm.py --noswap``.
+NOSWAP_FAMILIES = [
+    (32, 4, 4, 1, False, True, False),
+    (64, 4, 4, 1, False, True, False),
+    (64, 4, 6, 1, False, True, False),
+    (128, 4, 3, 1, False, True, False),
+    (128, 4, 4, 1, False, True, False),
+    (128, 8, 4, 1, False, True, False),
+    (64, 4, 4, 1, False, False, False),
+]
+DRY_FAMILIES = [(32, 4, 2, 2, False, False), (32, 4, 2, 1, True, False), (32, 4, 2, 1, False, True),
+                (32, 4, 2, 1, False, True, False)]
 PROGRAM_TARGETS = (132, 264, 396, 528)
 
 
@@ -53,12 +65,13 @@ def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128, ro
     also timed with the rows split over programs (``ROW_SPLITS`` rows each, where M has more)."""
     k_tiles = k // block_k
     out: list[SmallMConfig] = []
-    for block_n, warps, stages, unroll, fma, tma in families:
+    for block_n, warps, stages, unroll, fma, tma, *swap in families:  # swap: NOSWAP_FAMILIES' seventh field
         if fma and m > FMA_MAX_M:
             continue
         n_tiles = math.ceil(n / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), unroll)[0] for t in PROGRAM_TARGETS}
-        out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma) for s in sorted(splits)]
+        out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma, swap=all(swap))
+                for s in sorted(splits)]  # fmt: skip
     for block_n, warps, stages, unroll, fma, tma in row_split:
         for block_m in (b for b in ROW_SPLITS if b < small_m_block_m(m)):
             tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
@@ -85,6 +98,7 @@ IDEAS = {
     "split 1": (lambda c: c.split_k == 1 and not c.block_m, lambda c: c.split_k > 1 and not c.block_m),
     "rows split": (lambda c: c.block_m > 0, lambda c: c.block_m == 0),
     "tma": (lambda c: c.tma, lambda c: not c.tma and not c.fma and c.k_unroll == 1),
+    "no swap": (lambda c: not c.swap, lambda c: c.swap and not c.fma),
 }  # fmt: skip
 
 
@@ -94,7 +108,8 @@ def idea_ratios(timed: dict[SmallMConfig, float]) -> dict[str, float | None]:
     for name, (has, base) in IDEAS.items():
         # every other idea compares pointer-loaded configs, as it did before the TMA families existed
         # (the rows split is measured mostly on TMA families: against every config without it, TMA or not)
-        pool = {c: t for c, t in timed.items() if c.reduce == "last" and (name in ("tma", "rows split") or not c.tma)}
+        pool = {c: t for c, t in timed.items()
+                if c.reduce == "last" and (name in ("tma", "rows split", "no swap") or not c.tma)}  # fmt: skip
         a = [t for c, t in pool.items() if has(c)]
         b = [t for c, t in pool.items() if base(c)]
         out[name] = min(a) / min(b) if a and b else None

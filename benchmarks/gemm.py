@@ -6,6 +6,7 @@
     python benchmarks/gemm.py --only qwen3-32b        # a subset of the shapes (split a run that is too long)
     python benchmarks/gemm.py --dry-run               # CPU, Triton interpreter, one tiny shape: checks the script
     python benchmarks/gemm.py --ms 16,32,64 --table-only   # re-time the committed TABLE rows only (no sweep)
+    python benchmarks/gemm.py --ms 16,32,64 --noswap       # tuning idea 20: the activation rows on the MMA's M side
 
 Estimate (reasoned from round 1, where --quick took 7 s for 8 points with a warm Triton cache): small-M command
 ~95 Triton compiles (<= 1.5 s each) and 50 points x ~30 candidates at ~20 ms (capture + 10 replays of ~3 ms):
@@ -189,8 +190,9 @@ def small_m_extras(shape: Shape, x, q, xs, want, best: SmallMConfig) -> dict:
     out = {"best_kernel_reduce_us": measure(shape, q, xs, want, "small_m", sweep.with_kernel_reduce(best))}
     gq = lambda i: small_m_mm(*group_quant(x, 128), *w8[i], torch.bfloat16, best)
     out["quant_gemm_us"] = timed("group_quant + small_m", gq, want, shape.copies)
-    fused = lambda i: small_m_mm_bf16(x, *w8[i], torch.bfloat16, 128, best)
-    out["bf16_in_us"] = timed(f"small_m_bf16 {best}", fused, want, shape.copies, repeatable=best.split_k > 1)
+    bf16_cfg = dataclasses.replace(best, swap=True)  # a bf16 input is quantized along the swap-AB tile
+    fused = lambda i: small_m_mm_bf16(x, *w8[i], torch.bfloat16, 128, bf16_cfg)
+    out["bf16_in_us"] = timed(f"small_m_bf16 {bf16_cfg}", fused, want, shape.copies, repeatable=best.split_k > 1)
     return out
 
 
@@ -365,6 +367,8 @@ def main(argv=None) -> int:
     p.add_argument("--small-only", action="store_true", help="no tiled sweep (M <= 64 runs)")
     p.add_argument("--gemv-wide", action="store_true", help="sweep the GEMV (M <= 4) over SWEEP_GEMV_WIDE")
     p.add_argument("--table-only", action="store_true", help="no sweep: time each point's committed TABLE row")
+    p.add_argument("--noswap", action="store_true", help="sweep only the small-M configs with the activation rows on "
+                   "the MMA's M side (tuning idea 20), against the TABLE row; no tiled sweep")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -382,6 +386,8 @@ def main(argv=None) -> int:
     row_split = () if args.quick else sweep.ROW_SPLIT_FAMILIES
     if args.small_only:  # the small-M paths only: M <= 64, no tiled sweep
         tiled_sweep = []
+    if args.noswap:
+        families, row_split, tiled_sweep = sweep.NOSWAP_FAMILIES, (), []
     if args.dry_run:
         shapes, ms, families, tiled_sweep = [("tiny", 128, 512)], [1, 65], sweep.DRY_FAMILIES, SWEEP_TILED[:1]
         gemv_sweep = [GemvConfig(4, 256)]  # (M = 1 / 65: no M where the rows split applies)

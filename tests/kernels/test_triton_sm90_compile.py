@@ -119,15 +119,17 @@ SCRIPT = textwrap.dedent(
         sig = dict(MM, a_ptr="*bf16", a_desc="*bf16") if quant_a else MM
         c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1,
                  MODE=mode, GROUPS=groups, FMA=fma, QUANT_A=quant_a, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False,
-                 EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on, TMA=False)
+                 EMULATE_CAST=False, PDL=pdl_on, PREFETCH=pdl_on, TMA=False, SWAP=True)
         name = f"small_m{' PDL' if pdl_on else ''} quant_a={quant_a} mode={mode} fma={fma} groups={groups}"
         out[name] = build(smk._small_m_kernel, sig, c, 4)
     # and with both operand tiles by TMA (tensor descriptors; 64 activation rows, the in-launch split-K sum)
     sig = dict(MM, a_desc="tensordesc<fp8e4nv[64, 128]>", b_desc="tensordesc<fp8e4nv[64, 128]>")
     c = dict(GROUP_K=128, SCALE_BLOCK=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, K_UNROLL=1, MODE=2, GROUPS=1,
              FMA=False, QUANT_A=False, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, EMULATE_CAST=False, PDL=False,
-             PREFETCH=False, TMA=True)
+             PREFETCH=False, TMA=True, SWAP=True)
     out["small_m TMA mode=2"] = build(smk._small_m_kernel, sig, c, 4)
+    # the activation rows on the MMA's M side (tuning idea 20): one weight scale per tile, a transpose at the end
+    out["small_m TMA mode=2 swap=False"] = build(smk._small_m_kernel, sig, dict(c, SWAP=False), 4)
     # the gate/up GEMM with the SiLU-and-mul and group quant in its epilogue (_small_m_silu_kernels.py): one
     # program's whole sum, the last split's, and with PDL
     from fp8_fusion_pass.kernels.triton import _small_m_silu_kernels as sms
@@ -235,7 +237,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 51, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
+    assert len(result) == 52, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -13,6 +13,10 @@ At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8
   not per call. Memory order: stores -> CTA barrier -> acq_rel gpu-scope ticket (CUTLASS's semaphore pattern);
   the last program reads partials with ``.cg`` (L2, never a stale L1 line).
 - ``k_unroll``: K tiles (one weight-scale block each) per loop iteration: 2 = a 256-wide K step, two promotions.
+- ``swap`` False (tuning idea 20): the activation rows are the MMA's M operand (64 rows, padded) and the weight
+  tile its N operand. The promotion then needs two activation scales per thread per K tile instead of one per
+  accumulator column, and one weight scale per tile (a tile of <= 128 rows lies in one 128-row scale block). The
+  swap-AB promotion's activation-scale loads cost up to 19% of the GEMM at M = 64 (``small_m_ablation.py``).
 - ``tma``: both operand tiles loaded by the copy engine from tensor descriptors (sm90+; one weight, fp8 input);
   a launch that cannot take them (several weights, a bf16 input, an unaligned base, no TMA) loads the same tiles
   through pointers, with the same output bit for bit.
@@ -78,6 +82,7 @@ class SmallMConfig:
     fma: bool = False  # GEMV without tensor cores (M <= FMA_MAX_M)
     tma: bool = False  # operand tiles by TMA (tuning idea 13); launches it cannot take run the same kernel without it
     block_m: int = 0  # activation rows per program: 16, 32 or 64 (tuning idea 15); 0: M up to 64 (small_m_block_m)
+    swap: bool = True  # weight rows on the MMA's M side (swap-AB); False: the activation rows (tuning idea 20)
 
     def __post_init__(self):
         if self.reduce not in REDUCES:
@@ -94,6 +99,9 @@ class SmallMConfig:
             raise ValueError(f"SmallMConfig: split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
         if self.block_m not in (0, 16, 32, 64) or (self.block_m and self.fma):
             raise ValueError(f"SmallMConfig.block_m must be 0, or 16, 32 or 64 for the tensor cores, got {self}")
+        if not self.swap and (self.fma or self.block_n > SCALE_BLOCK):
+            raise ValueError(f"SmallMConfig.swap False needs the tensor cores and block_n <= {SCALE_BLOCK} (one "
+                             f"weight scale per tile), got {self}")  # fmt: skip
 
 
 @triton.jit
@@ -136,7 +144,8 @@ def _scales(ws_ptrs, xs_ptrs, kt, stride_bsk, stride_ask, GROUP_K: tl.constexpr,
 def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, fp8_dtype: tl.constexpr,
             GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
             FMA: tl.constexpr, QUANT_A: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
-            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr = False, n0=0, m0=0):  # fmt: skip
+            FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr = False, n0=0, m0=0,
+            SWAP: tl.constexpr = True):  # fmt: skip
     """``acc [rows, BLOCK_M]`` += the weight rows' K tiles ``[kt_start, kt_end)`` times the activation's, each
     tile's product promoted by its weight-scale and activation-scale pair (the GEMM's one K loop, shared by
     ``_small_m_kernel`` and the SiLU-quant epilogue kernel, ``_small_m_silu_kernels.py``).
@@ -144,6 +153,10 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
     ``TMA``: ``w_ptrs`` / ``x_ptrs`` are tensor descriptors of the weight ``[N, K]`` and the activation ``[M, K]``
     (blocks ``[rows, BLOCK_K]`` / ``[BLOCK_M, BLOCK_K]``), the tiles at rows ``n0`` / ``m0`` loaded by the copy
     engine (rows past the end read as zeros), the activation's transposed in shared memory as the MMA wants it.
+
+    ``SWAP`` False: ``acc`` is ``[BLOCK_M, rows]``, the activation tile the MMA's first operand, ``x_ptrs`` its
+    ``[BLOCK_M, BLOCK_K]`` tile and ``ws_ptrs`` one scale per K tile (a scalar pointer); the same products and
+    promotion order, the MMA's operands swapped (tuning idea 20).
 
     The scales are loaded one K tile ahead (docs/small_m_tuning.md, idea 12): Triton pipelines only the loads that
     feed the MMA, so a scale load in the tile's own iteration was a round trip on every iteration's critical
@@ -167,7 +180,9 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
         for u in tl.static_range(K_UNROLL):
             if TMA:
                 w = w_ptrs.load([n0, (kt + u) * BLOCK_K])
-                raw = x_ptrs.load([m0, (kt + u) * BLOCK_K]).T
+                raw = x_ptrs.load([m0, (kt + u) * BLOCK_K])
+                if SWAP:
+                    raw = raw.T
             else:
                 w = tl.load(w_ptrs + u * BLOCK_K)
                 raw = tl.load(x_ptrs + u * BLOCK_K)
@@ -176,9 +191,14 @@ def _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk,
                              EMULATE_CAST)  # fmt: skip
             if FMA:
                 part = tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
-            else:
+            elif SWAP:
                 part = tl.dot(w, x)
-            acc += part * w_s[:, None] * x_s[None, :]
+            else:
+                part = tl.dot(x, w.T)
+            if SWAP:
+                acc += part * w_s[:, None] * x_s[None, :]
+            else:
+                acc += part * w_s * x_s[:, None]
         if not TMA:
             w_ptrs += K_UNROLL * BLOCK_K
             x_ptrs += K_UNROLL * BLOCK_K
@@ -260,8 +280,8 @@ def _small_m_kernel(
     b2_ptr, bs2_ptr, N2, stride_bn2, stride_bsn2, stride_bsk2,
     a_desc, b_desc,  # TMA: tensor descriptors of q [M, K] and w_q [N, K] (otherwise a_ptr / b_ptr again, unused)
     GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # activation rows (the MMA's N operand: >= 16 unless FMA)
-    BLOCK_N: tl.constexpr,  # weight rows (the MMA's M operand)
+    BLOCK_M: tl.constexpr,  # activation rows (the MMA's N operand: >= 16 unless FMA; with SWAP False its M)
+    BLOCK_N: tl.constexpr,  # weight rows (the MMA's M operand; with SWAP False its N)
     BLOCK_K: tl.constexpr,  # the promotion step: one K tile, one scale pair
     K_UNROLL: tl.constexpr,
     MODE: tl.constexpr,  # 0: write out (SPLIT 1); 1: write partials; 2: partials, the last program sums them
@@ -271,6 +291,7 @@ def _small_m_kernel(
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait for the previous grid before the loop
     PREFETCH: tl.constexpr,  # PDL: prefetch the first weight tiles into L2 before the wait (16-byte aligned rows)
     TMA: tl.constexpr,  # operand tiles by the copy engine (GROUPS 1, fp8 input, tensor cores; _k_loop)
+    SWAP: tl.constexpr,  # weight rows on the MMA's M side; False: the activation rows (fp8 input; tuning idea 20)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -296,8 +317,16 @@ def _small_m_kernel(
     kt_end = tl.minimum(kt_start + k_tiles_per_split, tl.cdiv(K, BLOCK_K))
     k_first = kt_start * BLOCK_K
     w_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + (k_first + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
-    x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
-    ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn
+    if SWAP:
+        x_ptrs = a_ptr + rm.to(tl.int64)[None, :] * stride_am + (k_first + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
+        ws_ptrs = bs_ptr + (rn // SCALE_BLOCK) * stride_bsn
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # the out^T tile
+    else:
+        x_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + (k_first + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
+        # One scale per K tile: the tile's rows (BLOCK_N <= SCALE_BLOCK, from a multiple of BLOCK_N) lie in one
+        # scale block; rows past N (wrapped) are never stored.
+        ws_ptrs = bs_ptr + (tl.min(offs_n, axis=0) // SCALE_BLOCK) * stride_bsn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the out tile
     xs_ptrs = as_ptr + rm * stride_asm
     if PDL:
         if PREFETCH:  # no kernel writes the weight: it may be read while the previous grid still runs
@@ -305,15 +334,16 @@ def _small_m_kernel(
                         tl.minimum(kt_end - kt_start, PREFETCH_TILES) * BLOCK_K)  # fmt: skip
         tl.extra.cuda.gdc_wait()  # before the first activation load and any store
 
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # the out^T tile
     if TMA:
         acc = _k_loop(acc, b_desc, ws_ptrs, a_desc, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
                       b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
-                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, True, pid_n * BLOCK_N, pid_m * BLOCK_M)  # fmt: skip
+                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, True, pid_n * BLOCK_N, pid_m * BLOCK_M, SWAP)  # fmt: skip
     else:
         acc = _k_loop(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask,
                       b_ptr.dtype.element_ty, GROUP_K, SCALE_BLOCK, BLOCK_K, K_UNROLL, FMA, QUANT_A, FP8_MAX,
-                      FP8_MIN_EXP, FNUZ, EMULATE_CAST)  # fmt: skip
+                      FP8_MIN_EXP, FNUZ, EMULATE_CAST, SWAP=SWAP)  # fmt: skip
+    if not SWAP:
+        acc = tl.trans(acc)  # the out^T tile the stores below address (one layout change per program)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # after the loop, not at the top (measured: tuning idea 10)
 
@@ -494,7 +524,12 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
     if cfg.fma and m > FMA_MAX_M:
         raise ValueError(f"small-M GEMV (fma) takes M <= {FMA_MAX_M}, got M={m}")
     split, per_split, unroll = split_plan(k // block_k, cfg.split_k, cfg.k_unroll)
-    block_m = small_m_block_m(m, cfg.fma, cfg.block_m)
+    if not cfg.swap and quant_a:
+        raise ValueError(f"small-M GEMM: a bf16 input is quantized along the swap-AB tile; swap False takes fp8, "
+                         f"got {cfg}")  # fmt: skip
+    # swap False: the activation rows are the MMA's M side, 64 for Hopper's warpgroup MMA (rows past M read as
+    # zeros by TMA, or wrap onto valid rows through pointers; never stored)
+    block_m = small_m_block_m(m, cfg.fma, cfg.block_m) if cfg.swap else (cfg.block_m or 64)
     grid = (sum(triton.cdiv(w.shape[0], cfg.block_n) for w, _ in groups), split, triton.cdiv(m, block_m))
     mode = 0 if split == 1 else 2 if cfg.reduce == "last" else 1
     counters = tile_counters(a.device, grid[0] * grid[2]) if mode == 2 else None
@@ -518,7 +553,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
         per_split, *slots[1], *slots[2], a_desc, b_desc,
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         K_UNROLL=unroll, MODE=mode, GROUPS=len(groups), FMA=cfg.fma, QUANT_A=quant_a, **fp8_constexprs(a.device),
-        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, num_warps=cfg.warps, num_stages=cfg.stages,
+        PDL=pdl, PREFETCH=prefetch, TMA=a_desc is not a, SWAP=cfg.swap, num_warps=cfg.warps, num_stages=cfg.stages,
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     if mode == 1:

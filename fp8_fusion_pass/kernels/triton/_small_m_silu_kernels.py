@@ -248,6 +248,8 @@ def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
         return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
     if config.tma and config.k_unroll != 1:
         return "with tma the gate and up tiles are loaded one K tile per step (k_unroll 1)"
+    if not config.swap:
+        return "its epilogue pairs gate and up rows on the MMA's M side (swap True)"
     return None
 
 
