@@ -142,6 +142,35 @@ def test_rows_split_over_programs(m, config):
         assert int(smk.tile_counters(q.device, 1).abs().sum()) == 0  # the row tiles' counters are reset too
 
 
+def _distinct(scales: torch.Tensor) -> torch.Tensor:
+    """Factors 1, 2, 3, ... per weight-scale block: random weights give blocks of nearly equal scale, and a
+    kernel reading another block's scale must not pass for one that reads its own."""
+    return torch.arange(1, scales.numel() + 1, dtype=scales.dtype, device=scales.device).reshape(scales.shape)
+
+
+@pytest.mark.parametrize("m, config", [
+    (5, SmallMConfig(64, 3, 4, 2, "last", swap=False)),  # pointer tiles, in-launch split-K sum, 5 rows of 64
+    (64, SmallMConfig(32, 1, 4, 2, "last", tma=True, swap=False)),  # TMA tiles, one split
+    (40, SmallMConfig(128, 2, 4, 2, "kernel", tma=True, swap=False)),  # rows past M read as zeros, two launches
+    (17, SmallMConfig(64, 2, 4, 2, "last", k_unroll=2, swap=False)),  # two K tiles per step
+])  # fmt: skip
+def test_activation_rows_on_the_mma_m_side(m, config):
+    # Tuning idea 20: the MMA's operands swapped and one weight scale per tile. N = 200: the last 64-row tile
+    # starts in the second scale block and wraps past N, so a scale taken from the wrong row would show.
+    q, xs, w_q, w_s = make_inputs(m, 200, 640)
+    w_s = w_s * _distinct(w_s)
+    y = bm.run("small_m", q, xs, w_q, w_s, FP32, config=config)
+    assert_close(y, oracle(q, xs, w_q, w_s), FP32, str(config))
+    swapped = bm.run("small_m", q, xs, w_q, w_s, FP32, config=dataclasses.replace(config, swap=True))
+    assert_close(y, swapped, FP32, f"{config} against swap-AB")
+    if config.tma:  # the same tiles through pointers: the same bits
+        assert torch.equal(y, bm.run("small_m", q, xs, w_q, w_s, FP32, config=dataclasses.replace(config, tma=False)))
+    # three weights in one launch (q / k / v): each N tile takes its own weight's scales
+    ws = [(w, s * _distinct(s)) for w, s in (make_inputs(m, n, 640, seed=n)[2:] for n in (128, 64, 192))]
+    grouped = smk.small_m_mm_grouped(q, xs, [w for w, _ in ws], [s for _, s in ws], FP32, config)
+    assert_close(grouped, torch.cat([oracle(q, xs, w, s) for w, s in ws], -1), FP32, f"{config} grouped")
+
+
 def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
     # A base off 16 bytes, or several weights in one launch: the pointer loads run, with the same result.
     q, xs, w_q, w_s = make_inputs(5, 256, 512)
@@ -244,6 +273,10 @@ def test_small_m_config_rules():
         SmallMConfig(block_m=8)
     with pytest.raises(ValueError, match="block_m"):
         SmallMConfig(block_m=16, fma=True)
+    with pytest.raises(ValueError, match="swap False"):
+        SmallMConfig(swap=False, fma=True)
+    with pytest.raises(ValueError, match="swap False"):
+        SmallMConfig(256, swap=False)  # a 256-row tile spans two weight-scale blocks
     q, xs, w_q, w_s = make_inputs(5, 128, 256)
     with pytest.raises(ValueError, match="M <= 4"):
         bm.run("small_m", q, xs, w_q, w_s, BF16, config=SmallMConfig(fma=True))
@@ -252,6 +285,8 @@ def test_small_m_config_rules():
         smk.small_m_mm_bf16(x, w_q, w_s, BF16, 384)
     with pytest.raises(ValueError, match="K-contiguous"):
         smk.small_m_mm_bf16(x.t().contiguous().t(), w_q, w_s, BF16)
+    with pytest.raises(ValueError, match="swap False takes fp8"):
+        smk.small_m_mm_bf16(x, w_q, w_s, BF16, 128, SmallMConfig(64, 1, 4, 2, "last", swap=False))
 
 
 def test_tiled_grouped_launch_order_covers_every_tile():

@@ -193,6 +193,11 @@ SMALL_M_VARIANTS = [
     SmallMConfig(64, 4, 4, 4, "last", tma=True),
     SmallMConfig(128, 1, 4, 4, "last", tma=True),
     SmallMConfig(32, 8, 4, 4, "kernel", tma=True),
+    # tuning idea 20: the activation rows on the MMA's M side (the M = 64 TABLE rows' families)
+    SmallMConfig(64, 1, 4, 6, "last", tma=True, swap=False),
+    SmallMConfig(128, 3, 4, 4, "last", tma=True, swap=False),
+    SmallMConfig(32, 2, 4, 4, "last", tma=True, swap=False),
+    SmallMConfig(64, 2, 4, 4, "kernel", swap=False),
 ]
 
 

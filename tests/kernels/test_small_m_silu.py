@@ -252,7 +252,8 @@ def test_kernel_refuses_configs_it_cannot_run():
     q, xs, wg, sg, wu, su = _gate_up(2, 128, 256)
     for config, match in [(SmallMConfig(8, 1, 4, 2, "last"), "at least 16"),
                           (SmallMConfig(128, 2, 4, 2, "kernel"), "in-launch sum"),
-                          (SmallMConfig(128, 2, 4, 2, "last", k_unroll=2, tma=True), "k_unroll 1")]:
+                          (SmallMConfig(128, 2, 4, 2, "last", k_unroll=2, tma=True), "k_unroll 1"),
+                          (SmallMConfig(128, 2, 4, 2, "last", swap=False), "swap True")]:
         with pytest.raises(ValueError, match=match):
             sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config)
 

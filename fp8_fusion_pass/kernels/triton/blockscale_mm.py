@@ -65,6 +65,10 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     # re-timed in the same run (Qwen3-32B o 14.25 -> 12.77 us, Qwen3-8B o 7.24 -> 6.46, k|v 4.68 -> 3.66); most
     # winners hold 4 rows x 2048 values on 2 warps. Each is now within 0.89-1.04x a plain read of its bytes (the
     # 1024-row k|v 1.24-1.29x). The DOWN_M1 paragraph below tells the rows those replaced.
+    # NOSWAP: the M = 64 rows marked "idea 20" were measured 2026-12-04 (same GPU and versions, copy 4.28 TB/s) by
+    # `python benchmarks/gemm.py --ms 16,32,64 --noswap` on the tree of commit 242506f: the activation rows on the
+    # MMA's M side (SmallMConfig.swap False) against the committed row re-timed in the same run ("the row before"),
+    # taken where faster by more than 3% (12 of 16 shapes, 3-17%; no M = 16 / 32 point, where swap-AB stays best).
     # DOWN_M1: the three down projections' M = 1 / 4 rows were re-measured 2026-12-03 (same GPU and versions, copy
     # 4.25 TB/s) by `python benchmarks/gemm.py --ms 1,4 --only down --small-only` on the tree of commit 6fa7570:
     # the TMA family (measured at M >= 16 until then) took M = 1 from 16.9 / 19.3 / 37.6 us to 16.1 / 17.9 / 34.5
@@ -154,20 +158,20 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 16, 6144, 4096): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
     # 11.5 us = 1.92x roofline; cuBLAS 16.2 us, bf16 16.1 us
     ("sm90", 32, 6144, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 3, 'last', 1, False, True)),
-    # idea 15 (rows split, 2026-12-03, above): 14.2 us = 2.31x roofline; cuBLAS 16.5 us, bf16 16.1 us
-    ("sm90", 64, 6144, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True, 32)),
+    # idea 20 (NOSWAP): 11.9 us = 1.93x roofline; cuBLAS 16.5 us, bf16 16.2 us; the row before: 14.3 us
+    ("sm90", 64, 6144, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True, 0, False)),
     # 8.4 us = 2.11x roofline; cuBLAS 16.5 us, bf16 12.7 us
     ("sm90", 16, 4096, 4096): Choice("small_m", SmallMConfig(64, 4, 4, 4, 'last', 1, False, False)),
     # 9.2 us = 2.29x roofline; cuBLAS 15.9 us, bf16 13.8 us
     ("sm90", 32, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 6, 'last', 1, False, False)),
-    # 11.0 us = 2.67x roofline; cuBLAS 16.1 us, bf16 12.1 us
-    ("sm90", 64, 4096, 4096): Choice("small_m", SmallMConfig(64, 2, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 10.5 us = 2.56x roofline; cuBLAS 16.3 us, bf16 12.3 us; the row before: 11.2 us
+    ("sm90", 64, 4096, 4096): Choice("small_m", SmallMConfig(32, 2, 4, 4, 'last', 1, False, True, 0, False)),
     # 27.1 us = 1.14x roofline; cuBLAS 35.7 us, bf16 50.6 us
     ("sm90", 16, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
     # 27.7 us = 1.16x roofline; cuBLAS 38.2 us, bf16 51.2 us
     ("sm90", 32, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
-    # 30.0 us = 1.23x roofline; cuBLAS 35.5 us, bf16 52.2 us
-    ("sm90", 64, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 28.9 us = 1.19x roofline; cuBLAS 35.7 us, bf16 52.5 us; the row before: 30.6 us
+    ("sm90", 64, 24576, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True, 0, False)),
     # 16.8 us = 1.42x roofline; cuBLAS 23.0 us, bf16 29.0 us
     ("sm90", 16, 4096, 12288): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
     # 18.4 us = 1.54x roofline; cuBLAS 37.6 us, bf16 30.0 us
@@ -178,8 +182,8 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 16, 28672, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
     # 32.2 us = 1.15x roofline; cuBLAS 39.6 us, bf16 62.6 us
     ("sm90", 32, 28672, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 3, 'last', 1, False, True)),
-    # 35.4 us = 1.25x roofline; cuBLAS 38.2 us, bf16 63.2 us
-    ("sm90", 64, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 33.5 us = 1.18x roofline; cuBLAS 38.1 us, bf16 62.7 us; the row before: 34.9 us
+    ("sm90", 64, 28672, 4096): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True, 0, False)),
     # 19.0 us = 1.38x roofline; cuBLAS 29.1 us, bf16 32.8 us
     ("sm90", 16, 4096, 14336): Choice("small_m", SmallMConfig(64, 4, 4, 6, 'last', 1, False, True)),
     # 20.7 us = 1.49x roofline; cuBLAS 43.2 us, bf16 33.7 us
@@ -190,26 +194,26 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 16, 10240, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 2, False, False)),
     # 18.6 us = 1.50x roofline; cuBLAS 20.7 us, bf16 28.8 us
     ("sm90", 32, 10240, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
-    # 20.7 us = 1.64x roofline; cuBLAS 20.7 us, bf16 28.1 us
-    ("sm90", 64, 10240, 5120): Choice("cublas"),
+    # idea 20 (NOSWAP): 19.0 us = 1.50x roofline; cuBLAS 20.7 us, bf16 28.2 us; the row before: 20.7 us
+    ("sm90", 64, 10240, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True, 0, False)),
     # 15.1 us = 1.53x roofline; cuBLAS 21.2 us, bf16 26.3 us
     ("sm90", 16, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 2, False, False)),
     # 16.4 us = 1.65x roofline; cuBLAS 27.1 us, bf16 26.8 us
     ("sm90", 32, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False, True)),
-    # 19.3 us = 1.91x roofline; cuBLAS 27.7 us, bf16 29.0 us
-    ("sm90", 64, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 18.1 us = 1.79x roofline; cuBLAS 27.3 us, bf16 28.9 us; the row before: 19.0 us
+    ("sm90", 64, 5120, 8192): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True, 0, False)),
     # 67.5 us = 1.09x roofline; cuBLAS 84.5 us, bf16 135.3 us
     ("sm90", 16, 51200, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 3, 'last', 1, False, True)),
     # 68.9 us = 1.11x roofline; cuBLAS 77.0 us, bf16 136.4 us
     ("sm90", 32, 51200, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
-    # 77.1 us = 1.23x roofline; cuBLAS 78.9 us, bf16 135.2 us
-    ("sm90", 64, 51200, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 72.0 us = 1.15x roofline; cuBLAS 78.4 us, bf16 135.9 us; the row before: 77.2 us
+    ("sm90", 64, 51200, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True, 0, False)),
     # 35.8 us = 1.16x roofline; cuBLAS 46.7 us, bf16 68.0 us
     ("sm90", 16, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 2, False, False)),
     # 38.2 us = 1.24x roofline; cuBLAS 72.2 us, bf16 69.6 us
     ("sm90", 32, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False, True)),
-    # 43.5 us = 1.39x roofline; cuBLAS 72.6 us, bf16 72.0 us
-    ("sm90", 64, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 41.8 us = 1.34x roofline; cuBLAS 73.1 us, bf16 72.2 us; the row before: 44.4 us
+    ("sm90", 64, 5120, 25600): Choice("small_m", SmallMConfig(64, 3, 4, 6, 'last', 1, False, True, 0, False)),
     # 5.6 us = 5.63x roofline; cuBLAS 15.8 us, bf16 7.9 us
     ("sm90", 16, 1024, 4096): Choice("small_m", SmallMConfig(64, 8, 4, 6, 'last', 1, False, False)),
     # idea 15 (rows split, 2026-12-03, above): 6.0 us = 5.85x roofline; cuBLAS 15.7 us, bf16 7.9 us
@@ -220,20 +224,20 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 16, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
     # 16.0 us = 1.33x roofline; cuBLAS 21.8 us, bf16 28.7 us
     ("sm90", 32, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
-    # 19.6 us = 1.61x roofline; cuBLAS 19.6 us, bf16 28.9 us
-    ("sm90", 64, 12288, 4096): Choice("cublas"),
+    # idea 20 (NOSWAP): 16.5 us = 1.35x roofline; cuBLAS 19.1 us, bf16 28.5 us; the row before: 19.1 us
+    ("sm90", 64, 12288, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True, 0, False)),
     # 17.8 us = 1.29x roofline; cuBLAS 22.8 us, bf16 30.6 us
     ("sm90", 16, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
     # 18.4 us = 1.32x roofline; cuBLAS 22.8 us, bf16 31.4 us
     ("sm90", 32, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
-    # 21.3 us = 1.50x roofline; cuBLAS 22.8 us, bf16 33.7 us
-    ("sm90", 64, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 18.3 us = 1.29x roofline; cuBLAS 22.1 us, bf16 33.5 us; the row before: 21.0 us
+    ("sm90", 64, 14336, 4096): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True, 0, False)),
     # 14.6 us = 1.48x roofline; cuBLAS 19.7 us, bf16 22.6 us
     ("sm90", 16, 8192, 5120): Choice("small_m", SmallMConfig(64, 3, 4, 4, 'last', 1, False, False)),
     # 15.5 us = 1.55x roofline; cuBLAS 19.7 us, bf16 23.0 us
     ("sm90", 32, 8192, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True)),
-    # 17.7 us = 1.74x roofline; cuBLAS 20.2 us, bf16 24.7 us
-    ("sm90", 64, 8192, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 2, False, False)),
+    # idea 20 (NOSWAP): 15.6 us = 1.54x roofline; cuBLAS 20.0 us, bf16 24.6 us; the row before: 17.7 us
+    ("sm90", 64, 8192, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 6, 'last', 1, False, True, 0, False)),
     # 6.2 us = 4.92x roofline; cuBLAS 18.5 us, bf16 8.4 us
     ("sm90", 16, 1024, 5120): Choice("small_m", SmallMConfig(32, 8, 4, 4, 'last', 1, False, False)),
     # 6.6 us = 5.15x roofline; cuBLAS 18.3 us, bf16 8.5 us
@@ -244,8 +248,8 @@ TABLE: dict[tuple[str, int, int, int], Choice] = {
     ("sm90", 16, 25600, 5120): Choice("small_m", SmallMConfig(64, 1, 4, 4, 'last', 1, False, True)),
     # 36.2 us = 1.16x roofline; cuBLAS 44.0 us, bf16 68.8 us
     ("sm90", 32, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
-    # 38.5 us = 1.22x roofline; cuBLAS 42.6 us, bf16 70.7 us
-    ("sm90", 64, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True)),
+    # idea 20 (NOSWAP): 37.7 us = 1.20x roofline; cuBLAS 44.1 us, bf16 70.7 us; the row before: 38.9 us
+    ("sm90", 64, 25600, 5120): Choice("small_m", SmallMConfig(128, 1, 4, 4, 'last', 1, False, True, 0, False)),
 }
 # (arch name, M bucket, N, K) -> the fastest small-M config where TABLE names another path (the GEMV): what the
 # grouped launch (``blockscale_mm_grouped``, a small-M kernel) runs for that merged shape. From the same
