@@ -4,6 +4,10 @@ its K loop taken out (a probe; the ablated copies give wrong products and are on
     PYTHONPATH=. python benchmarks/small_m_ablation.py --ms 16,32,64            # H200: every TABLE small-M row
     PYTHONPATH=. python benchmarks/small_m_ablation.py --check                  # any machine: the edits still apply
 
+The edits are to the swap-AB K loop (tuning idea 20's rows, with the activation rows on the MMA's M side, run it
+unedited: ``copy`` and the committed kernel only). Measured 2026-12-04: ``docs/benchmarks.md``, "What the promotion
+costs, and the activation rows on the MMA's M side".
+
 Variants: a copy of ``_small_m_kernels.py`` with textual edits (``EDITS``, imported as a sibling module), and the
 activation scales passed column-major (``[M, K / 128]`` with strides ``(1, M)``: a K tile's scales for all rows
 contiguous, the layout DeepGEMM asks for):

@@ -165,3 +165,14 @@ def test_read_floor_times_each_size_once():
     assert len(floor.cache) == 1
     floor.us(64)
     assert sorted(floor.cache) == [16, 3073]
+
+
+def test_ablation_edits_still_apply():
+    # benchmarks/small_m_ablation.py edits _small_m_kernels.py's source: each edit must find its line exactly once,
+    # or the probe would time a kernel it did not edit.
+    import small_m_ablation
+
+    unedited = small_m_ablation.variant_source("copy")
+    for name in small_m_ablation.EDITS:
+        assert (small_m_ablation.variant_source(name) == unedited) == (name == "copy"), name
+    assert small_m_ablation.main(["--check"]) == 0

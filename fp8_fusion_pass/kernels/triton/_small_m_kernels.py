@@ -41,7 +41,7 @@ no shared state at all. A call with more tiles than ``COUNTER_SLOTS``, a stream 
 capture before any buffer exists, uses "kernel" too (same result).
 
 Tuning: every idea tried on this kernel, its prediction and its measurement (H200, ``benchmarks/gemm.py``), is
-in ``docs/small_m_tuning.md`` (ideas 1-19); code comments cite it as "tuning idea N".
+in ``docs/small_m_tuning.md`` (ideas 1-20); code comments cite it as "tuning idea N".
 """
 
 from __future__ import annotations
