@@ -44,8 +44,9 @@ QUICK_FAMILIES = [FAMILIES[1], FAMILIES[2], FAMILIES[3], FAMILIES[9], FAMILIES[1
 # families that won most M = 32 / 64 rows.
 ROW_SPLIT_FAMILIES = [FAMILIES[1], FAMILIES[14], FAMILIES[15], FAMILIES[16]]
 ROW_SPLITS = (16, 32)
-# Idea 20: the activation rows on the MMA's M side (swap False; 64 rows, padded below M = 64), the weight tile its N
-# side, one weight scale per tile: (block_n, warps, stages, k_unroll, fma, tma, swap). ``gemm.py --noswap``.
+# Idea 20: the activation rows on the MMA's M side (swap False; 64 rows, padded below M = 64, and below 64 rows also
+# M's own row tile, compiled to mma.sync, not wgmma, offline by Triton 3.9), the weight tile its N side, one weight
+# scale per tile: (block_n, warps, stages, k_unroll, fma, tma, swap). ``gemm.py --noswap``.
 NOSWAP_FAMILIES = [
     (32, 4, 4, 1, False, True, False),
     (64, 4, 4, 1, False, True, False),
@@ -72,6 +73,9 @@ def candidates(n: int, k: int, m: int, families=FAMILIES, block_k: int = 128, ro
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), unroll)[0] for t in PROGRAM_TARGETS}
         out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma, swap=all(swap))
                 for s in sorted(splits)]  # fmt: skip
+        if not all(swap) and small_m_block_m(m) < 64:  # M's own row tile: Ampere-style MMAs (offline sm_90 PTX)
+            out += [SmallMConfig(block_n, s, warps, stages, "last", unroll, fma, tma, small_m_block_m(m), False)
+                    for s in sorted(splits)]  # fmt: skip
     for block_n, warps, stages, unroll, fma, tma in row_split:
         for block_m in (b for b in ROW_SPLITS if b < small_m_block_m(m)):
             tiles = math.ceil(n / block_n) * math.ceil(m / block_m)

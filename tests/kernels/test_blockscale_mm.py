@@ -153,6 +153,7 @@ def _distinct(scales: torch.Tensor) -> torch.Tensor:
     (64, SmallMConfig(32, 1, 4, 2, "last", tma=True, swap=False)),  # TMA tiles, one split
     (40, SmallMConfig(128, 2, 4, 2, "kernel", tma=True, swap=False)),  # rows past M read as zeros, two launches
     (17, SmallMConfig(64, 2, 4, 2, "last", k_unroll=2, swap=False)),  # two K tiles per step
+    (24, SmallMConfig(64, 2, 4, 2, "last", tma=True, block_m=16, swap=False)),  # 16-row tiles: two, one partial
 ])  # fmt: skip
 def test_activation_rows_on_the_mma_m_side(m, config):
     # Tuning idea 20: the MMA's operands swapped and one weight scale per tile. N = 200: the last 64-row tile
