@@ -3,6 +3,7 @@
 
     python benchmarks/gemm_silu_quant.py --ms 1,4,16,32,64 --json gemm_silu.json
     python benchmarks/gemm_silu_quant.py --ms 1 --gemv-only --gemv-wide   # the GEMV with the epilogue, wider sweep
+    python benchmarks/gemm_silu_quant.py --ms 16,32,64 --noswap   # tuning idea 20: activation rows on the M side
     python benchmarks/gemm_silu_quant.py --dry-run        # CPU, Triton interpreter, one tiny shape: checks the script
 
 For the merged gate_up shapes of Qwen3-8B, Llama-3.1-8B and Qwen3-32B (I x K) at decode row counts:
@@ -40,6 +41,7 @@ from triton.runtime.errors import OutOfResources
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
+from fp8_fusion_pass.kernels.triton import blockscale_mm_silu_quant as bsq
 from fp8_fusion_pass.kernels.triton._gemv_kernels import GEMV_MAX_M, GemvConfig
 from fp8_fusion_pass.kernels.triton._gemv_silu_kernels import gemv_silu_quant
 from fp8_fusion_pass.kernels.triton._small_m_kernels import SmallMConfig, split_plan
@@ -55,6 +57,9 @@ FAMILIES = [(128, 4, 3, False), (128, 8, 3, False), (128, 8, 4, False), (128, 8,
             (64, 4, 4, False), (64, 4, 3, False), (32, 4, 4, False),
             (128, 4, 3, True), (128, 4, 4, True), (128, 8, 3, True), (128, 8, 4, True), (64, 4, 4, True),
             (64, 4, 3, True)]  # fmt: skip
+# --noswap (tuning idea 20): the activation rows on the MMA's M side, TMA tiles (block_n, warps, stages, tma, swap)
+NOSWAP_FAMILIES = [(128, 4, 4, True, False), (128, 4, 3, True, False), (128, 8, 4, True, False),
+                   (64, 4, 4, True, False), (64, 4, 6, True, False), (32, 4, 4, True, False)]  # fmt: skip
 PROGRAM_TARGETS = (66, 132, 264, 396)
 # The GEMV with the epilogue (_gemv_silu_kernels.py), M <= GEMV_MAX_M: (rows, k_chunk, warps, stages), around the
 # GEMV's own TABLE configs at M = 1 (rows 8, k_chunk 512 / 1024, 1 or 3 stages). Each program reads 2 x rows rows.
@@ -78,14 +83,14 @@ def log(msg: str) -> None:
 
 
 def candidates(i: int, k: int, families=FAMILIES) -> list[SmallMConfig]:
-    """Fused configs for one gate/up shape: ``families`` (block_n, warps, stages, tma), each at the splits of
-    PROGRAM_TARGETS."""
+    """Fused configs for one gate/up shape: ``families`` (block_n, warps, stages, tma[, swap]), each at the splits
+    of PROGRAM_TARGETS."""
     k_tiles = k // 128
     out = []
-    for block_n, warps, stages, tma in families:
+    for block_n, warps, stages, tma, *swap in families:
         n_tiles = math.ceil(i / block_n)
         splits = {split_plan(k_tiles, max(1, round(t / n_tiles)), 1)[0] for t in PROGRAM_TARGETS}
-        out += [SmallMConfig(block_n, s, warps, stages, "last", tma=tma) for s in sorted(splits)]
+        out += [SmallMConfig(block_n, s, warps, stages, "last", tma=tma, swap=all(swap)) for s in sorted(splits)]
     return list(dict.fromkeys(out))
 
 
@@ -136,8 +141,8 @@ def _launch(cfg):
     return gemv_silu_quant if isinstance(cfg, GemvConfig) else small_m_mm_silu_quant
 
 
-def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: float,
-              a: arch.Arch) -> tuple[dict, str]:  # fmt: skip
+def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: float, a: arch.Arch,
+              with_table_row: bool = False) -> tuple[dict, str]:  # fmt: skip
     x = torch.randn(m, shape.k, device=DEVICE, dtype=torch.bfloat16)
     q, xs = ref.group_quant(x, 128, arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE))
     w, s = shape.w8[0]
@@ -147,7 +152,9 @@ def run_point(name: str, shape: Shape, m: int, families, gemv_families, bw: floa
                                                               G), want, shape.copies, False)  # fmt: skip
     fused = {}
     gemvs = [GemvConfig(*f) for f in gemv_families] if m <= GEMV_MAX_M else []
-    for cfg in candidates(shape.i, shape.k, families) + gemvs:
+    committed = bsq.TABLE.get((a.name, bm.m_bucket(m), shape.i, shape.k))  # --noswap: timed beside its rivals
+    mine = [committed] if with_table_row and isinstance(committed, SmallMConfig) else []
+    for cfg in list(dict.fromkeys(mine + candidates(shape.i, shape.k, families))) + gemvs:
         call = lambda c, cfg=cfg: _launch(cfg)(q, xs, *shape.halves(c), torch.bfloat16, G, cfg)
         # a split-K or a group ticket: checked for bitwise repeatability
         repeat = isinstance(cfg, GemvConfig) or cfg.split_k > 1 or cfg.block_n < G
@@ -173,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--gemv-wide", action="store_true", help="the GEMV with the epilogue over GEMV_WIDE_FAMILIES")
     p.add_argument("--gemv-only", action="store_true", help="at M <= 4, time no swap-AB config (only the GEMV)")
+    p.add_argument("--noswap", action="store_true", help="only the fused configs with the activation rows on the "
+                   "MMA's M side (tuning idea 20) and the committed TABLE row, against the unfused pair")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, one tiny shape (no timing)")
     args = p.parse_args(argv)
     global DEVICE
@@ -185,10 +194,13 @@ def main(argv=None) -> int:
     gemv_families = GEMV_WIDE_FAMILIES if args.gemv_wide else GEMV_FAMILIES
     if args.only:
         shapes = [s for s in shapes if any(part in s[0] for part in args.only.split(","))]
+    if args.noswap:
+        families = NOSWAP_FAMILIES
     if args.dry_run:
         shapes, ms = [("tiny", 256, 512)], [1, 17]
         gemv_families = [(4, 256, 4, 1), (2, 512, 2, 1)] if args.gemv_wide else [(4, 256, 4, 1)]
         families = [(128, 4, 2, False), (64, 4, 2, False), (64, 4, 2, True)]
+        families += [(64, 4, 2, True, False)] if args.noswap else []
     bw = copy_bandwidth(args.dry_run)
     log(_script.setup_line(DEVICE, a.name, bw))
     rows, table = [], []
@@ -197,7 +209,7 @@ def main(argv=None) -> int:
         for m in ms:
             log(f"{sname} M={m}")
             swap_ab = [] if args.gemv_only and m <= GEMV_MAX_M else families
-            r, t = run_point(sname, shape, m, swap_ab, gemv_families, bw, a)
+            r, t = run_point(sname, shape, m, swap_ab, gemv_families, bw, a, args.noswap)
             rows.append(r)
             table.append(t)
     print(tabulate([[r["shape"], r["M"], r["roofline_us"], r["unfused_us"], r["fused_best_us"],

@@ -107,6 +107,38 @@ def test_tma_gate_and_up_tiles_equal_the_pointer_tile_bitwise(m, i, k, group, ac
     assert _rel_err(fused, _reference(q, xs, [wg, wu], [sg, su], group)) < 2e-2
 
 
+@pytest.mark.parametrize(
+    "m, i, k, group, config",
+    [
+        (3, 256, 512, 128, SmallMConfig(128, 1, 4, 2, "last", tma=True, swap=False)),  # MODE 0, 3 rows of 64
+        (17, 384, 512, 64, SmallMConfig(64, 2, 4, 2, "last", tma=True, swap=False)),  # split-K partials, groups of 64
+        (65, 256, 256, 128, SmallMConfig(64, 2, 4, 2, "last", tma=True, swap=False)),  # a group over 2 programs
+        (2, 320, 512, 64, SmallMConfig(32, 1, 4, 2, "last", tma=True, swap=False)),  # 10 tiles of 32 rows
+    ],
+)  # fmt: skip
+def test_activation_rows_on_the_mma_m_side_equal_the_unfused_pair(m, i, k, group, config):
+    # Tuning idea 20: the activation tile the MMA's first operand, one scale per gate / up tile, the sums transposed
+    # once; against the plain GEMM at the same config (its two weights in one launch, swapped too), then the quant.
+    q, xs, wg, sg, wu, su = _gate_up(m, i, k)
+    sg, su = sg * torch.arange(1, sg.numel() + 1).reshape(sg.shape), su * 0.5  # a wrong block's scale must show
+    fused = sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, group, config)
+    unfused = silu_mul_group_quant(smk.small_m_mm_grouped(q, xs, [wg, wu], [sg, su], BF16, config), group)
+    _assert_equal(fused, unfused, f"M={m} I={i} K={k} g={group} {config}")
+    assert not smk.tile_counters(q.device, 1).any()
+    assert _rel_err(fused, _reference(q, xs, [wg, wu], [sg, su], group)) < 2e-2
+
+
+def test_activation_rows_on_the_m_side_fall_back_to_swap_ab_without_descriptors():
+    # An up weight off 16 bytes: no descriptor, so the swap-AB pointer tile runs (the same products, the MMA's
+    # operands in the other order: checked against the reference, not bit for bit).
+    q, xs, wg, sg, wu, su = _gate_up(5, 256, 512)
+    shifted = torch.empty(256 * 512 + 16, dtype=wu.dtype)[1 : 1 + 256 * 512].view(256, 512)
+    shifted.copy_(wu)
+    cfg = SmallMConfig(128, 2, 4, 2, "last", tma=True, swap=False)
+    out = sms.small_m_mm_silu_quant(q, xs, wg, sg, shifted, su, BF16, 128, cfg)
+    assert _rel_err(out, _reference(q, xs, [wg, wu], [sg, su], 128)) < 2e-2
+
+
 def test_tma_falls_back_where_a_descriptor_cannot_address(monkeypatch):
     # A base off 16 bytes, or a GPU without TMA: the pointer tile runs, with the same result.
     q, xs, wg, sg, wu, su = _gate_up(5, 256, 512)
@@ -253,7 +285,7 @@ def test_kernel_refuses_configs_it_cannot_run():
     for config, match in [(SmallMConfig(8, 1, 4, 2, "last"), "at least 16"),
                           (SmallMConfig(128, 2, 4, 2, "kernel"), "in-launch sum"),
                           (SmallMConfig(128, 2, 4, 2, "last", k_unroll=2, tma=True), "k_unroll 1"),
-                          (SmallMConfig(128, 2, 4, 2, "last", swap=False), "swap True")]:
+                          (SmallMConfig(128, 2, 4, 2, "last", swap=False), "tma True")]:
         with pytest.raises(ValueError, match=match):
             sms.small_m_mm_silu_quant(q, xs, wg, sg, wu, su, BF16, 128, config)
 
@@ -268,7 +300,7 @@ def test_every_table_row_is_a_config_the_kernel_takes():
             assert config is None or sms.unsupported(i, 128, config) is None, (i, k, config)
 
 
-@pytest.mark.parametrize("flags", [[], ["--gemv-wide", "--gemv-only"]])
+@pytest.mark.parametrize("flags", [[], ["--gemv-wide", "--gemv-only"], ["--noswap"]])
 def test_benchmark_dry_run_prints_pasteable_rows(tmp_path, flags):
     import json
     import os
@@ -286,10 +318,13 @@ def test_benchmark_dry_run_prints_pasteable_rows(tmp_path, flags):
     rows = proc.stdout.split("by `python benchmarks/gemm_silu_quant.py`):\n")[1]
     table = eval("{\n" + rows + "\n}", {"SmallMConfig": SmallMConfig, "GemvConfig": GemvConfig})
     assert set(table) == {("cpu", 1, 256, 512), ("cpu", 32, 256, 512)}
+    if "--noswap" in flags:  # the swapped MMA's configs were checked and timed (no WRONG, above)
+        timed = json.loads(out_json.read_text())["rows"][0]["fused"]
+        assert any("swap=False" in c and isinstance(t, float) for c, t in timed.items()), timed
     assert all(v is None or isinstance(v, (SmallMConfig, GemvConfig)) for v in table.values())
     with open(out_json) as f:
         timed_at_1 = json.load(f)["rows"][0]["fused"]
     assert any(c.startswith("GemvConfig(") and isinstance(t, float) for c, t in timed_at_1.items()), timed_at_1
-    if flags:  # at one row only the GEMV's configs, the wide family's 2-warp one among them
+    if "--gemv-only" in flags:  # at one row only the GEMV's configs, the wide family's 2-warp one among them
         assert all(c.startswith("GemvConfig(") for c in timed_at_1) and len(timed_at_1) == 2, timed_at_1
         assert isinstance(timed_at_1["GemvConfig(rows=2, k_chunk=512, warps=2, stages=1)"], float), timed_at_1

@@ -144,16 +144,19 @@ SCRIPT = textwrap.dedent(
                                            (0, 16, False, 64), (2, 64, False, 32)]:
         c = dict(GROUP_K=128, SCALE_BLOCK=128, OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=128 // block_n,
                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=pdl_on,
-                 TMA=False)
+                 TMA=False, SWAP=True)
         out[f"small_m_silu{' PDL' if pdl_on else ''} mode={mode} block_m={block_m} block_n={block_n}"] = build(
             sms._small_m_silu_quant_kernel, SILU, c, 8 if block_n == 128 else 4)
-    # and with the gate, up and activation tiles by TMA: one program's sum, and the last split's over 2 programs
-    for mode, block_m, block_n in [(0, 16, 128), (2, 64, 64)]:
+    # and with the gate, up and activation tiles by TMA: one program's sum, and the last split's over 2 programs;
+    # then with the activation rows on the MMA's M side (tuning idea 20)
+    for mode, block_m, block_n, swap in [(0, 16, 128, True), (2, 64, 64, True), (0, 64, 128, False),
+                                         (2, 64, 64, False)]:
         w_desc = f"tensordesc<fp8e4nv[{block_n}, 128]>"
         sig = dict(SILU, a_desc=f"tensordesc<fp8e4nv[{block_m}, 128]>", bg_desc=w_desc, bu_desc=w_desc)
         c = dict(GROUP_K=128, SCALE_BLOCK=128, OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=128 // block_n,
-                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=False, TMA=True)
-        out[f"small_m_silu TMA mode={mode} block_m={block_m} block_n={block_n}"] = build(
+                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_UNROLL=1, MODE=mode, **FP8, PDL=False, TMA=True,
+                 SWAP=swap)
+        out[f"small_m_silu TMA mode={mode} block_m={block_m} block_n={block_n} swap={swap}"] = build(
             sms._small_m_silu_quant_kernel, sig, c, 4)
     # the GEMV (M <= 4): one row and four rows of activations
     from fp8_fusion_pass.kernels.triton import _gemv_kernels as gv
@@ -237,7 +240,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 52, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
+    assert len(result) == 54, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

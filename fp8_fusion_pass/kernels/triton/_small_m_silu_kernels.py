@@ -20,6 +20,11 @@ the 8B shapes, what the saved launch saves; with ``BLOCK_N`` 64 / 32 the fused l
 there (0.98-1.00x at M = 4-32): the group's fp32 store, ticket and reload cost about what the tile saved. On
 Qwen3-32B block_n 64 won at M = 4 / 16 (0.95x), the TABLE's rows.
 
+``SmallMConfig.swap`` False (tuning idea 20; TMA tiles only): the activation rows are the MMA's M side (64, padded)
+and each of the gate and up tiles its N side, one weight scale each per K tile, both sums transposed once after the
+loop for the same epilogue. A launch that cannot build the descriptors runs the swap-AB tile instead (the same
+products; the MMA's operand order differs, so the sums may differ in the last bit).
+
 TMA (``SmallMConfig.tma``, sm90+): a descriptor addresses one weight, so the gate and the up rows come as two
 ``[BLOCK_N, BLOCK_K]`` tiles and two MMAs per K step on one activation tile (``_k_loop_pair``), bit for bit the
 pointer path's single tile. Measured (``benchmarks/gemm_silu_quant.py --ms 4,16,32,64``, H200): the best fused
@@ -39,6 +44,8 @@ not straddle), read in place either way.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -133,26 +140,38 @@ def _epilogue(gate, up, q_ptr, s_ptr, y_ptr, cnt_ptr, pid_n, pid_m, offs_m, M, I
 @triton.jit
 def _k_loop_pair(g_desc, u_desc, gs_ptrs, us_ptrs, x_desc, xs_ptrs, kt_start, kt_end, stride_bsk, stride_ask, n0, m0,
                  GROUP_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_K: tl.constexpr):  # fmt: skip
+                 BLOCK_K: tl.constexpr, SWAP: tl.constexpr = True):  # fmt: skip
     """``_k_loop`` with TMA tiles for the gate rows and the up rows at once: ``(gate, up)``, each ``[BLOCK_N,
     BLOCK_M]`` fp32. A descriptor loads one weight's rows, so the pointer path's single ``[2 * BLOCK_N, BLOCK_K]``
     tile (gate rows on top of up rows) becomes two tiles and two MMAs per K step on one activation tile: the same
     products summed in the same order per output, the same promotion (``(dot * w_s) * x_s``), scales a tile ahead.
-    Rows past ``I`` read as zeros (their outputs are masked)."""
+    Rows past ``I`` read as zeros (their outputs are masked). ``SWAP`` False: the activation tile is the MMA's first
+    operand, ``gs_ptrs`` / ``us_ptrs`` one scale each per K tile, and the sums are transposed after the loop."""
     # the up rows share the activation's scales: _scales with QUANT_A True loads only their weight scales
     g_next, x_next = _scales(gs_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, False)
     u_next, _ = _scales(us_ptrs, xs_ptrs, kt_start, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, True)
-    gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if SWAP:
+        gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(kt_start, kt_end):
         g_s, u_s, x_s = g_next, u_next, x_next
         ahead = tl.minimum(kt + 1, kt_end - 1)  # the last iteration re-loads its own scales (in range)
         g_next, x_next = _scales(gs_ptrs, xs_ptrs, ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K,
                                  False)  # fmt: skip
         u_next, _ = _scales(us_ptrs, xs_ptrs, ahead, stride_bsk, stride_ask, GROUP_K, SCALE_BLOCK, BLOCK_K, True)
-        x = x_desc.load([m0, kt * BLOCK_K]).T
-        gate += tl.dot(g_desc.load([n0, kt * BLOCK_K]), x) * g_s[:, None] * x_s[None, :]
-        up += tl.dot(u_desc.load([n0, kt * BLOCK_K]), x) * u_s[:, None] * x_s[None, :]
+        if SWAP:
+            x = x_desc.load([m0, kt * BLOCK_K]).T
+            gate += tl.dot(g_desc.load([n0, kt * BLOCK_K]), x) * g_s[:, None] * x_s[None, :]
+            up += tl.dot(u_desc.load([n0, kt * BLOCK_K]), x) * u_s[:, None] * x_s[None, :]
+        else:
+            x = x_desc.load([m0, kt * BLOCK_K])
+            gate += tl.dot(x, g_desc.load([n0, kt * BLOCK_K]).T) * g_s * x_s[:, None]
+            up += tl.dot(x, u_desc.load([n0, kt * BLOCK_K]).T) * u_s * x_s[:, None]
+    if not SWAP:
+        gate, up = tl.trans(gate), tl.trans(up)  # the [BLOCK_N, BLOCK_M] tiles the epilogue takes
     return gate, up
 
 
@@ -181,6 +200,7 @@ def _small_m_silu_quant_kernel(
     PTX: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait before the loop, trigger after it
     TMA: tl.constexpr,  # gate, up and activation tiles by the copy engine (_k_loop_pair; else pointer loads)
+    SWAP: tl.constexpr,  # weight rows on the MMA's M side; False (TMA only): the activation rows (tuning idea 20)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -192,12 +212,16 @@ def _small_m_silu_quant_kernel(
     xs_ptrs = as_ptr + rm * stride_asm
     if PDL:
         tl.extra.cuda.gdc_wait()  # before the first activation load and any store
+    tl.static_assert(SWAP or TMA, "swap False takes TMA tiles")
     if TMA:
-        rh = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % I  # the tile's weight rows (out-of-range ones wrap)
+        if SWAP:
+            rh = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % I  # the tile's weight rows (out-of-range ones wrap)
+        else:  # one scale per K tile: the tile's rows (BLOCK_N <= SCALE_BLOCK, from a multiple of it) share a block
+            rh = pid_n * BLOCK_N
         gate, up = _k_loop_pair(bg_desc, bu_desc, bgs_ptr + (rh // SCALE_BLOCK) * stride_bsn,
                                 bus_ptr + (rh // SCALE_BLOCK) * stride_bsn, a_desc, xs_ptrs, kt_start, kt_end,
                                 stride_bsk, stride_ask, pid_n * BLOCK_N, pid_m * BLOCK_M, GROUP_K, SCALE_BLOCK,
-                                BLOCK_N, BLOCK_M, BLOCK_K)  # fmt: skip
+                                BLOCK_N, BLOCK_M, BLOCK_K, SWAP)  # fmt: skip
     else:
         r = tl.arange(0, 2 * BLOCK_N)
         is_up = r >= BLOCK_N
@@ -248,8 +272,8 @@ def unsupported(i: int, group_size: int, config: SmallMConfig) -> str | None:
         return "the fused epilogue needs tensor cores and, with split-K, the in-launch sum ('last')"
     if config.tma and config.k_unroll != 1:
         return "with tma the gate and up tiles are loaded one K tile per step (k_unroll 1)"
-    if not config.swap:
-        return "its epilogue pairs gate and up rows on the MMA's M side (swap True)"
+    if not config.swap and not config.tma:
+        return "with swap False the gate and up tiles come by TMA (tma True)"
     return None
 
 
@@ -284,8 +308,10 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
         return q_out, s_out
     group_k = k // x_scale.shape[1]
     block_k = promotion_block(group_k)
+    if not config.swap and not tma_usable(config, q, w_gate, w_up):  # no descriptors: the swap-AB tile instead
+        config = dataclasses.replace(config, swap=True, block_m=0)
     split, per_split, unroll = split_plan(k // block_k, config.split_k, config.k_unroll)
-    block_m = small_m_block_m(m, cap=config.block_m)
+    block_m = small_m_block_m(m, cap=config.block_m) if config.swap else (config.block_m or 64)
     grid = (triton.cdiv(i, config.block_n), split, triton.cdiv(m, block_m))
     group_tiles = max(1, group_size // config.block_n)
     tiles = grid[0] * grid[2]
@@ -302,7 +328,8 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
         *descs, m, i, k, q.stride(0), w_gate.stride(0), *x_scale.stride(), *s_gate.stride(), per_split,
         GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, GROUP_TILES=group_tiles,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, K_UNROLL=unroll, MODE=0 if split == 1 else 2,
-        **kernel_constexprs(dev), PDL=pdl, TMA=descs[0] is not q, num_warps=config.warps, num_stages=config.stages,
+        **kernel_constexprs(dev), PDL=pdl, TMA=descs[0] is not q, SWAP=config.swap, num_warps=config.warps,
+        num_stages=config.stages,
         **_pdl.launch_kwargs(pdl),
     )  # fmt: skip
     return q_out, s_out
