@@ -81,6 +81,23 @@ def test_fused_equals_unfused_pair_and_reference(m, i, k, config):
                for a in again)  # fmt: skip
 
 
+@pytest.mark.parametrize("config", [SmallMConfig(128, 1, 4, 4, "last", tma=True, swap=False),
+                                    SmallMConfig(64, 2, 4, 4, "last", tma=True, swap=False),
+                                    SmallMConfig(128, 3, 8, 4, "last", tma=True, swap=False)], ids=str)
+@pytest.mark.parametrize("i, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 16, 40, 64])
+def test_activation_rows_on_the_m_side_equal_the_unfused_pair_on_gpu(m, i, k, config):
+    # Tuning idea 20: the same swapped MMA (64 activation rows x block_n weight rows, a wgmma either way) in the
+    # fused launch and in the pair's GEMM at the same config: the same bits, then the same quant.
+    q, xs, _, _, halves = _inputs(m, i, k)
+    fused = sms.small_m_mm_silu_quant(q, xs, *halves, BF16, 128, config)
+    pair = silu_mul_group_quant(smk.small_m_mm_grouped(q, xs, [halves[0], halves[2]], [halves[1], halves[3]], BF16,
+                                                       config), 128)  # fmt: skip
+    assert torch.equal(fused[1], pair[1]) and torch.equal(fused[0].view(torch.uint8), pair[0].view(torch.uint8))
+    want = _reference(m, i, k)
+    assert ((_dq(fused).cpu() - _dq(want)).norm() / _dq(want).norm()).item() < 2e-2
+
+
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c.tma], ids=str)
 @pytest.mark.parametrize("i, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 5, 16, 40, 64])
