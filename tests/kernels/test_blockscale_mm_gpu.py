@@ -10,6 +10,8 @@ the bf16-input GEMM); and the public op, whatever it picks.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from gemm_helpers import dequant_weight_128, make_inputs, rel_errors
@@ -348,3 +350,22 @@ def test_grouped_gemv_is_the_separate_gemvs_bitwise(m, ns, k):
         got = torch.ops.fp8_fusion.blockscale_mm_grouped(q, xs, list(ws), list(ss), BF16)
     want = torch.cat([gemv_mm(q, xs, w, s, BF16, choice.config) for w, s in zip(ws, ss)], -1)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("ns, k", [((4096, 1024, 1024), 4096), ((12288, 12288), 4096), ((8192, 1024, 1024), 5120)])
+@pytest.mark.parametrize("m", [33, 64])
+def test_grouped_launch_at_the_m64_rows_is_the_separate_launches_bitwise(m, ns, k):
+    # HF's separate q / k / v and gate / up at batch 33-64: blockscale_mm_grouped takes the merged shape's M = 64
+    # TABLE row (the activation rows on the MMA's M side since idea 20) and runs it through pointer tiles (a
+    # descriptor addresses one weight); each weight's tiles as a launch of its own with pointer tiles sums them.
+    from fp8_fusion_pass.kernels.triton import blockscale_mm_grouped as bmg
+
+    q, xs, _, _ = make_inputs(m, 128, k, device="cuda", seed=1)
+    ws, ss = zip(*[make_inputs(m, n, k, device="cuda", seed=2 + i)[2:] for i, n in enumerate(ns)])
+    choice = bmg.grouped_choice(q, xs, ws, ss, BF16)
+    assert choice is not None and choice.path == "small_m", choice
+    with backends.use_backend("triton"):
+        got = torch.ops.fp8_fusion.blockscale_mm_grouped(q, xs, list(ws), list(ss), BF16)
+    plain = dataclasses.replace(choice.config, tma=False)
+    want = torch.cat([smk.small_m_mm(q, xs, w, s, BF16, plain) for w, s in zip(ws, ss)], -1)
+    assert torch.equal(got, want), f"{choice.config}"
