@@ -16,7 +16,7 @@ At M <= 64 a block-FP8 GEMM is bound by its N*K fp8 weight bytes (qkv of Qwen3-8
 - ``swap`` False (tuning idea 20): the activation rows are the MMA's M operand (64 rows, padded) and the weight
   tile its N operand. The promotion then needs two activation scales per thread per K tile instead of one per
   accumulator column, and one weight scale per tile (a tile of <= 128 rows lies in one 128-row scale block). The
-  swap-AB promotion's activation-scale loads cost up to 19% of the GEMM at M = 64 (``small_m_ablation.py``).
+  swap-AB promotion's activation-scale loads cost up to a fifth of the GEMM at M = 64 (``small_m_ablation.py``).
 - ``tma``: both operand tiles loaded by the copy engine from tensor descriptors (sm90+; one weight, fp8 input);
   a launch that cannot take them (several weights, a bf16 input, an unaligned base, no TMA) loads the same tiles
   through pointers, with the same output bit for bit.
