@@ -8,7 +8,8 @@ The edits are to the swap-AB K loop (tuning idea 20's rows, with the activation 
 unedited: ``copy`` and the committed kernel only). Measured 2026-12-04: ``docs/benchmarks.md``, "What the promotion
 costs, and the activation rows on the MMA's M side".
 
-Variants: a copy of ``_small_m_kernels.py`` with textual edits (``EDITS``, imported as a sibling module), and the
+Variants: a copy of ``_small_m_kernels.py`` with textual edits (``EDITS``; its relative imports made absolute, the
+copy written to a temporary directory and imported from there, never into the package), and the
 activation scales passed column-major (``[M, K / 128]`` with strides ``(1, M)``: a K tile's scales for all rows
 contiguous, the layout DeepGEMM asks for):
 - ``copy``: no edit (the control: a copy of the module times as the module does);
@@ -33,7 +34,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
+import tempfile
 
 import torch
 
@@ -64,9 +67,17 @@ VARIANTS = [("copy", "copy", False, True), ("noscale", "noscale", False, False),
             ("xs_cols_nospec", "nospec", True, True)]
 
 
+PACKAGE = "fp8_fusion_pass.kernels.triton"
+_tmp: list[str] = []  # the directory the variants are written to, made once per process
+
+
 def variant_source(name: str) -> str:
     with open(_small_m_kernels.__file__) as f:
         src = f.read()
+    # the copy lives outside the package: its relative imports name the package
+    src = re.sub(r"^from \.\.\. import ", "from fp8_fusion_pass import ", src, flags=re.MULTILINE)
+    src = re.sub(r"^from \. import ", f"from {PACKAGE} import ", src, flags=re.MULTILINE)
+    src = re.sub(r"^from \.(\w)", rf"from {PACKAGE}.\1", src, flags=re.MULTILINE)
     for old, new in EDITS[name]:
         if src.count(old) != 1:
             raise RuntimeError(f"small_m_ablation: {old!r} is not in _small_m_kernels.py exactly once")
@@ -75,11 +86,14 @@ def variant_source(name: str) -> str:
 
 
 def load_variant(name: str):
-    """The edited copy as ``fp8_fusion_pass.kernels.triton._ablate_<name>`` (its relative imports resolve)."""
-    path = os.path.join(os.path.dirname(_small_m_kernels.__file__), f"_ablate_{name}.py")
-    with open(path, "w") as f:
+    """The edited copy as the module ``_small_m_ablate_<name>``, from a temporary directory (Triton reads a kernel's
+    source from its file, so the copy is a real file)."""
+    if not _tmp:
+        _tmp.append(tempfile.mkdtemp(prefix="small_m_ablation_"))
+        sys.path.insert(0, _tmp[0])
+    with open(os.path.join(_tmp[0], f"_small_m_ablate_{name}.py"), "w") as f:
         f.write(variant_source(name))
-    return importlib.import_module(f"fp8_fusion_pass.kernels.triton._ablate_{name}")
+    return importlib.import_module(f"_small_m_ablate_{name}")
 
 
 def time_variants(shape, m: int, cfg, mods: dict, time_graph) -> tuple[float, dict, bool]:

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from fp8_fusion_pass.kernels.triton import _small_m_kernels as smk
 from fp8_fusion_pass.kernels.triton import blockscale_mm as bm
 from fp8_fusion_pass.kernels.triton._blockscale_kernels import TiledConfig
 from fp8_fusion_pass.kernels.triton._gemv_kernels import GemvConfig
@@ -176,3 +177,9 @@ def test_ablation_edits_still_apply():
     for name in small_m_ablation.EDITS:
         assert (small_m_ablation.variant_source(name) == unedited) == (name == "copy"), name
     assert small_m_ablation.main(["--check"]) == 0
+    # a copy imports from outside the package (its relative imports made absolute) and leaves the package alone
+    package = os.path.dirname(smk.__file__)
+    before = sorted(os.listdir(package))
+    copy = small_m_ablation.load_variant("copy")
+    assert copy.SmallMConfig is not smk.SmallMConfig and copy.FMA_MAX_M == smk.FMA_MAX_M
+    assert not copy.__file__.startswith(package) and sorted(os.listdir(package)) == before
