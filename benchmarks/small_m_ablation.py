@@ -56,7 +56,7 @@ EDITS = {
     "no_w": [(PROMOTE, "acc += part * x_s[None, :]")],
     "no_x": [(PROMOTE, "acc += part * w_s[:, None]")],
     "chain": [(DOT, "part = tl.dot(w, x, acc)"), (PROMOTE, "acc = part")],
-    "w_scalar": [(WS, "ws_ptrs = bs_ptr + (tl.min(offs_n, axis=0) // SCALE_BLOCK) * stride_bsn"),
+    "w_scalar": [(WS, "ws_ptrs = bs_ptr + (row0 // SCALE_BLOCK) * stride_bsn"),
                  (PROMOTE, "acc += part * w_s * x_s[None, :]")],
     "nospec": [(JIT, JIT.replace('"k_tiles_per_split"]', '"k_tiles_per_split", "stride_asm"]'))],
 }

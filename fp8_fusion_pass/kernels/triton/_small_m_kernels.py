@@ -297,7 +297,7 @@ def _small_m_kernel(
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
     if GROUPS == 1:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row0 = pid_n * BLOCK_N  # the tile's first weight row
         n_out = N
     else:
         # Each group's N is padded to whole tiles, so a tile belongs to one group; from here on b_ptr, bs_ptr,
@@ -307,7 +307,8 @@ def _small_m_kernel(
             pid_n, b_ptr, bs_ptr, N, stride_bn, stride_bsn, stride_bsk,
             b1_ptr, bs1_ptr, N1, stride_bn1, stride_bsn1, stride_bsk1,
             b2_ptr, bs2_ptr, N2, stride_bn2, stride_bsn2, stride_bsk2, GROUPS, BLOCK_N)  # fmt: skip
-        offs_n = (pid_n - tile0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row0 = (pid_n - tile0) * BLOCK_N
+    offs_n = row0 + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     # Out-of-range rows / columns wrap onto valid ones, so loads need no mask; stores mask them.
@@ -325,7 +326,7 @@ def _small_m_kernel(
         x_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + (k_first + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
         # One scale per K tile: the tile's rows (BLOCK_N <= SCALE_BLOCK, from a multiple of BLOCK_N) lie in one
         # scale block; rows past N (wrapped) are never stored.
-        ws_ptrs = bs_ptr + (tl.min(offs_n, axis=0) // SCALE_BLOCK) * stride_bsn
+        ws_ptrs = bs_ptr + (row0 // SCALE_BLOCK) * stride_bsn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the out tile
     xs_ptrs = as_ptr + rm * stride_asm
     if PDL:
@@ -406,9 +407,12 @@ def default_small_m_config(n: int, k: int, block_k: int = SCALE_BLOCK, a: _arch.
     return SmallMConfig(block_n=block_n, split_k=split, warps=4, stages=2 if a is not None and a.is_rocm else 4)
 
 
-def small_m_block_m(m: int, fma: bool = False, cap: int = 0) -> int:
+def small_m_block_m(m: int, fma: bool = False, cap: int = 0, swap: bool = True) -> int:
     """Activation rows per program: the next power of two; with tensor cores at least 16 (the smallest MMA
-    operand) and at most 64, or at most ``cap`` (``SmallMConfig.block_m``) where one is given."""
+    operand) and at most 64, or at most ``cap`` (``SmallMConfig.block_m``) where one is given. With ``swap`` False
+    the rows are the MMA's M side: ``cap``, else 64 (Hopper's warpgroup MMA; rows past M are never stored)."""
+    if not swap:
+        return cap or 64
     if fma:
         return triton.next_power_of_2(m)
     return min(cap or 64, max(16, triton.next_power_of_2(m)))
@@ -527,9 +531,7 @@ def _launch(a, a_scale, w_qs, w_scales, out_dtype, group_k: int, cfg: SmallMConf
     if not cfg.swap and quant_a:
         raise ValueError(f"small-M GEMM: a bf16 input is quantized along the swap-AB tile; swap False takes fp8, "
                          f"got {cfg}")  # fmt: skip
-    # swap False: the activation rows are the MMA's M side, 64 for Hopper's warpgroup MMA (rows past M read as
-    # zeros by TMA, or wrap onto valid rows through pointers; never stored)
-    block_m = small_m_block_m(m, cfg.fma, cfg.block_m) if cfg.swap else (cfg.block_m or 64)
+    block_m = small_m_block_m(m, cfg.fma, cfg.block_m, cfg.swap)
     grid = (sum(triton.cdiv(w.shape[0], cfg.block_n) for w, _ in groups), split, triton.cdiv(m, block_m))
     mode = 0 if split == 1 else 2 if cfg.reduce == "last" else 1
     counters = tile_counters(a.device, grid[0] * grid[2]) if mode == 2 else None

@@ -311,7 +311,7 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
     if not config.swap and not tma_usable(config, q, w_gate, w_up):  # no descriptors: the swap-AB tile instead
         config = dataclasses.replace(config, swap=True, block_m=0)
     split, per_split, unroll = split_plan(k // block_k, config.split_k, config.k_unroll)
-    block_m = small_m_block_m(m, cap=config.block_m) if config.swap else (config.block_m or 64)
+    block_m = small_m_block_m(m, cap=config.block_m, swap=config.swap)
     grid = (triton.cdiv(i, config.block_n), split, triton.cdiv(m, block_m))
     group_tiles = max(1, group_size // config.block_n)
     tiles = grid[0] * grid[2]
