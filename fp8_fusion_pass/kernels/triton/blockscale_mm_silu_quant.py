@@ -5,7 +5,8 @@ Choice per (arch, M bucket, I, K): the config in ``TABLE`` (measured by ``benchm
 GPU), else the unfused pair: where the table has None (the pair won or tied), no row (never measured: 2 of the 3
 measured shapes showed no gain, so an unmeasured one is not assumed to gain), or M > ``SMALL_M_MAX``. On the H200
 the swap-AB fused launch won only where its GEMM tiling is also the better GEMM (Qwen3-32B and Llama-3.1-8B at
-M = 16 / 32, with TMA tiles but for Qwen3-32B at 32): see the table's comment.
+M = 16 / 32, with TMA tiles but for Qwen3-32B at 32); at M = 33-64 the launch with the activation rows on the MMA's
+M side (``SmallMConfig.swap`` False) won on all three measured shapes: see the table's comment.
 
 The fused launch is ``_small_m_silu_kernels.py`` (a ``SmallMConfig`` row) or, for M <= ``GEMV_MAX_M``, the GEMV
 with the same epilogue, ``_gemv_silu_kernels.py`` (a ``GemvConfig`` row); the unfused pair is ``blockscale_mm`` (or ``blockscale_mm_grouped``
@@ -52,6 +53,11 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     # 30.0 / 26.9 us (Qwen3-8B), 32.6 / 31.3 (Llama-3.1-8B), 67.3 / 64.2 (Qwen3-32B), so the rows stay None. The
     # group ticket is most of the gap (docs/benchmarks.md, "The SiLU-quant GEMV at one row, again"). With gate and
     # up as one tile (7b9b18e, same command and day): 28.4 / 26.7, 31.7 / 30.7, 63.5 / 62.8 us: still None.
+    # M = 64 again on 2026-12-04 (same GPU and versions, copy 4.28 TB/s), `python benchmarks/gemm_silu_quant.py --ms
+    # 16,32,64 --noswap` on the tree of 501bef5: with the activation rows on the MMA's M side (`swap` False, TMA) the
+    # fused launch beat the pair at all three shapes (2.0-4.8%), so the M = 64 rows name it; at M = 16 / 32 it did
+    # not beat the committed rows. In the decode step at batch 64 (docs/benchmarks.md, fifteenth session) the pass
+    # with these rows ran 1.204 / 1.258 / 1.165x against 1.186 / 1.256 / 1.147x without `gemm_silu_quant`.
     # fused 30.1 us (GEMV rows 8) vs unfused 28.2 us (the GEMV, then the silu-quant), roofline 23.5 us
     ('sm90', 1, 12288, 4096): None,
     # fused 27.8 us vs unfused 28.0 us, roofline 23.7 us
@@ -60,8 +66,9 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     ('sm90', 16, 12288, 4096): None,
     # fused 30.1 us vs unfused 30.0 us, roofline 23.8 us
     ('sm90', 32, 12288, 4096): None,
-    # fused 35.0 us (TMA, block_n 64) vs unfused 32.0 us, roofline 23.9 us
-    ('sm90', 64, 12288, 4096): None,
+    # fused 30.7 us (TMA, the activation rows on the MMA's M side) vs unfused 31.4 us, roofline 23.8 us (run of
+    # 501bef5; 35.0 vs 32.0 us with the swap-AB tile)
+    ('sm90', 64, 12288, 4096): SmallMConfig(128, 1, 4, 4, 'last', 1, False, True, 0, False),
     # fused 32.7 us (GEMV rows 8) vs unfused 33.5 us, roofline 27.4 us (run of c4c11cb). Not taken: inside the
     # decode step (profile_step.py, 4 layers, batch 1, commit bf8bd40) the fused GEMV took 32.5 us per layer where
     # the GEMV and the silu-quant took 30.6 + 1.4 us.
@@ -72,8 +79,9 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     ('sm90', 16, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last', 1, False, True),
     # fused 33.3 us vs unfused 34.6 us, roofline 27.8 us
     ('sm90', 32, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last', 1, False, True),
-    # fused 37.4 us (TMA, 8 warps) vs unfused 37.4 us, roofline 27.9 us
-    ('sm90', 64, 14336, 4096): None,
+    # fused 34.8 us (TMA, the activation rows on the MMA's M side) vs unfused 36.5 us, roofline 27.7 us (run of
+    # 501bef5; 37.4 vs 37.4 us with the swap-AB tile)
+    ('sm90', 64, 14336, 4096): SmallMConfig(128, 1, 4, 4, 'last', 1, False, True, 0, False),
     # fused 67.7 us (swap-AB; the GEMV's best 67.9) vs unfused 66.6 us, roofline 61.2 us (run of c4c11cb)
     ('sm90', 1, 25600, 5120): None,
     # fused 66.7 us vs unfused 67.4 us, roofline 61.7 us (the run of 56c68d2: 67.9 vs 71.2, then taken)
@@ -82,8 +90,9 @@ TABLE: dict[tuple[str, int, int, int], SmallMConfig | GemvConfig | None] = {
     ('sm90', 16, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last', 1, False, True),
     # fused 68.1 us vs unfused 70.7 us, roofline 61.9 us
     ('sm90', 32, 25600, 5120): SmallMConfig(128, 1, 4, 3, 'last'),
-    # fused 84.0 us (TMA, block_n 64) vs unfused 80.3 us, roofline 62.1 us
-    ('sm90', 64, 25600, 5120): None,
+    # fused 75.1 us (TMA, the activation rows on the MMA's M side) vs unfused 76.8 us, roofline 61.7 us (run of
+    # 501bef5; 84.0 vs 80.3 us with the swap-AB tile)
+    ('sm90', 64, 25600, 5120): SmallMConfig(128, 1, 4, 4, 'last', 1, False, True, 0, False),
 }
 # fmt: on
 
