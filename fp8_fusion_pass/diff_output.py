@@ -109,6 +109,8 @@ def render_report(report: FusionReport) -> str:
              else "no fusion candidates found"]
     parts.append(f"zero fills stripped: {len(report.fills_stripped)}   kept: {len(report.fills_kept)}"
                  f"   replacement errors: {len(report.errors)}")
+    if report.superseded:
+        parts[-1] += "\n" + report.superseded_line()
     for title, items in (("rejected", report.rejected), ("fill kept", report.fills_kept), ("error", report.errors)):
         if items:
             shown = [(d.pattern, d.node, d.reason, d.detail) for d in items[:MAX_DETAIL_ROWS]]

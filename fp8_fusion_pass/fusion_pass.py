@@ -63,12 +63,22 @@ def hashed_files() -> list[pathlib.Path]:
     return files
 
 
+def checked_config(config: FusionConfig | None) -> FusionConfig:
+    """``config``, or the default for None; anything else is a TypeError now rather than an error inside
+    Inductor's compile at the model's first call."""
+    if config is None:
+        return FusionConfig()
+    if not isinstance(config, FusionConfig):
+        raise TypeError(f"config must be a fp8_fusion_pass.FusionConfig or None, got {type(config).__name__}")
+    return config
+
+
 class FP8FusionPass(_Base):
     """``torch.compile(model, options={"post_grad_custom_post_pass": FP8FusionPass()})``, or through
     ``fp8_fusion_pass.backend()``. ``config`` picks the rewrites (default: all, honouring FP8_FUSION_DISABLE)."""
 
     def __init__(self, config: FusionConfig | None = None) -> None:
-        self.config = config or FusionConfig()
+        self.config = checked_config(config)
 
     def __call__(self, graph: Graph, is_inference: bool | None = None) -> None:
         _Run(graph, self.config, _is_inference(graph) if is_inference is None else is_inference).run()
@@ -172,10 +182,15 @@ class _Run:
             self.report.notes.append("not an inference graph (it needs gradients): left alone")
         else:
             for name, stage in self.stages():
+                # a graph rewrite that swaps in a fused op and erases a declined node took it in (_declined_in_graph)
+                takes_in = name in BY_NAME and BY_NAME[name].stage == "graph" and BY_NAME[name].fused_op is not None
+                declined = self._declined_in_graph() if takes_in else set()
                 try:
                     stage()
                 except Exception as e:  # noqa: BLE001 - e.g. a pattern that fails to trace on this torch
                     self._fail(name, None, "stage", e)
+                if declined:
+                    self.report.supersede(declined - {n.name for n in self.graph.nodes}, by=name)
         log.info(self.report.summary_line())
 
     # ------------------------------------------------------------ stages
@@ -307,6 +322,16 @@ class _Run:
                           f"{site.form} form, group {site.group_size}, feeds {gemms} GEMM(s)")
 
     # ------------------------------------------------------------ recording
+    def _declined_in_graph(self) -> set[str]:
+        """Names of the rejected nodes still in the graph. One that a later graph rewrite with a fused op erases was
+        taken into that op (Qwen3's q / k norms by ``norm_rope``, the o_proj's input quant by ``quant_gemm`` or the
+        attention's launch); node names are never reused within a graph. ``inline_norm`` and ``gqa_attention``
+        swap in no fused op (the norm becomes aten ops, the KV copies go), so their erasures leave a rejection."""
+        if not self.report.rejected:
+            return set()
+        names = {n.name for n in self.graph.nodes}
+        return {d.node for d in self.report.rejected if d.node in names}
+
     def _record(self, reason: str, node: Node, pattern: str, detail: str, x: Node) -> None:
         self.report.reject(pattern, node.name, reason, detail, _graph.shape_str(x=x), _graph.dtype_str(x))
 

@@ -3,7 +3,10 @@
 One report per pass invocation (per compiled graph). Every rewrite is an ``applied`` entry, every candidate
 left alone a ``rejected`` entry with a reason code (``docs/guards.md`` explains each code and what to change),
 every zero-fill stripped or kept an entry in ``fills_stripped`` / ``fills_kept``, and every replacement that
-raised an ``errors`` entry (the match is left unrewritten). Imports nothing of ours.
+raised an ``errors`` entry (the match is left unrewritten). A candidate one rewrite declined and a later rewrite
+then took into its own op (Qwen3's q / k norms: ``norm_quant`` declines them, ``norm_rope`` takes them) leaves
+``rejected`` for ``superseded``, so ``rejected`` lists only what the graph still runs unfused. Imports nothing of
+ours.
 """
 
 from __future__ import annotations
@@ -30,6 +33,17 @@ class Decision:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class Superseded:
+    """A rejection made moot: the rewrite ``taken_by`` later took ``rejection.node`` into its fused op."""
+
+    rejection: Decision
+    taken_by: str  # the later rewrite's pattern name, e.g. "norm_rope"
+
+    def to_dict(self) -> dict:
+        return {**self.rejection.to_dict(), "taken_by": self.taken_by}
+
+
 @dataclasses.dataclass
 class FusionReport:
     graph: int  # sequence number of the compiled graph in this process
@@ -41,6 +55,7 @@ class FusionReport:
     fills_stripped: list[Decision] = dataclasses.field(default_factory=list)
     fills_kept: list[Decision] = dataclasses.field(default_factory=list)
     errors: list[Decision] = dataclasses.field(default_factory=list)
+    superseded: list[Superseded] = dataclasses.field(default_factory=list)  # rejections a later rewrite made moot
     notes: list[str] = dataclasses.field(default_factory=list)
 
     # ------------------------------------------------------------ recording
@@ -58,6 +73,15 @@ class FusionReport:
 
     def error(self, pattern: str, node: str, detail: str) -> None:
         self.errors.append(Decision(pattern, node, "", "", "replacement_failed", detail))
+
+    def supersede(self, nodes: set[str], by: str) -> None:
+        """The rewrite ``by`` took ``nodes`` into its fused op: their rejections (by any earlier rewrite) move from
+        ``rejected`` to ``superseded``, so that ``rejected`` keeps only what the graph still runs unfused."""
+        moved = [d for d in self.rejected if d.node in nodes]
+        if not moved:
+            return
+        self.rejected = [d for d in self.rejected if d.node not in nodes]
+        self.superseded += [Superseded(d, by) for d in moved]
 
     def settle(self, pattern: str, node: str, shapes: str, dtype: str, verdict, stays: str, rewrite, *args) -> None:
         """One candidate of a rewrite that walks the graph: a ``rejected`` entry when ``verdict`` (a guards.Verdict:
@@ -86,6 +110,13 @@ class FusionReport:
         out["errors"] = len(self.errors)
         return out
 
+    def superseded_line(self) -> str:
+        """One line for a terminal: how many declined candidates each later rewrite took in, e.g.
+        "declined, then taken by a later rewrite: 4 norm_quant -> norm_rope, 2 group_quant -> quant_gemm"."""
+        taken = Counter((s.rejection.pattern, s.taken_by) for s in self.superseded)
+        return "declined, then taken by a later rewrite: " + ", ".join(
+            f"{n} {pattern} -> {by}" for (pattern, by), n in sorted(taken.items()))
+
     def rejection_reasons(self) -> dict:
         return dict(sorted(Counter(d.reason for d in self.rejected).items()))
 
@@ -102,6 +133,7 @@ class FusionReport:
             "fills_stripped": [d.to_dict() for d in self.fills_stripped],
             "fills_kept": [d.to_dict() for d in self.fills_kept],
             "errors": [d.to_dict() for d in self.errors],
+            "superseded": [d.to_dict() for d in self.superseded],
             "notes": list(self.notes),
         }
 
@@ -146,6 +178,8 @@ class FusionReport:
                 )
         if self.fills_stripped:
             parts.append(tabulate([(d.node, d.detail) for d in self.fills_stripped], headers=["fill stripped", "why"]))
+        if self.superseded:
+            parts.append(self.superseded_line())
         if self.notes:
             parts.append("\n".join(f"note: {n}" for n in self.notes))
         return "\n\n".join(parts)
@@ -191,6 +225,6 @@ def merged(reports: list[FusionReport]) -> FusionReport:
     out = FusionReport(graph=0, inference=all(r.inference for r in reports) if reports else True)
     for r in reports:
         out.config = out.config or r.config
-        for name in ("applied", "rejected", "fills_stripped", "fills_kept", "errors", "notes"):
+        for name in ("applied", "rejected", "fills_stripped", "fills_kept", "errors", "superseded", "notes"):
             getattr(out, name).extend(getattr(r, name))
     return out

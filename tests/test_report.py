@@ -61,3 +61,22 @@ def test_settle_rejects_rewrites_or_records_the_error():
     assert [(d.node, d.reason, d.detail) for d in r.rejected] == [("a", "dtype_not_bf16", "fp32 input: left alone")]
     assert [(d.node, d.detail) for d in r.applied] == [("b", "fused once")]
     assert [d.node for d in r.errors] == ["c"] and "ZeroDivisionError" in r.errors[0].detail
+
+
+def test_supersede_moves_the_rejections_of_a_node_a_later_rewrite_took():
+    r = _sample()
+    r.reject("group_quant", "group_quant_1", "producer_not_fusable", "input comes from aten.permute")
+    r.reject("quant_gemm", "group_quant_1", "m_above_gemv", "M=16 is above the quantizing GEMV's 4 rows")
+    r.supersede({"group_quant_1", "not_rejected_anywhere"}, by="rope_attention")
+    assert [d.node for d in r.rejected] == ["mul_30"] and r.counts()["rejected"] == 1
+    assert [(s.rejection.pattern, s.rejection.reason, s.taken_by) for s in r.superseded] == [
+        ("group_quant", "producer_not_fusable", "rope_attention"), ("quant_gemm", "m_above_gemv", "rope_attention")]
+    d = json.loads(r.to_json())
+    assert [(x["node"], x["reason"], x["taken_by"]) for x in d["superseded"]] == [
+        ("group_quant_1", "producer_not_fusable", "rope_attention"),
+        ("group_quant_1", "m_above_gemv", "rope_attention")]
+    line = "declined, then taken by a later rewrite: 1 group_quant -> rope_attention, 1 quant_gemm -> rope_attention"
+    assert r.superseded_line() == line and line in r.render()
+    assert len(report.merged([r, r]).superseded) == 4
+    r.supersede(set(), by="norm_rope")  # nothing taken: nothing moves
+    assert len(r.superseded) == 2 and "superseded" not in _sample().render()

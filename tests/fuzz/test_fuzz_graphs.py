@@ -64,6 +64,8 @@ def check_graph(spec: DecoderSpec, capture) -> None:
     for name, op in FUSED.items():  # the report tells the truth about the graph
         assert count_ops(capture.after, op) == fused_op_count(report, name), name
     assert unexplained(capture) == [], report.render()
+    left = {n.name for n in capture.after.graph.nodes}  # a superseded rejection's node was taken: gone
+    assert not left & {s.rejection.node for s in report.superseded}, report.render()
     missing_meta = [n.name for n in capture.after.graph.nodes if n.op == "call_function" and "val" not in n.meta]
     assert not missing_meta, f"nodes without meta['val'] (Inductor's lowering needs it): {missing_meta}"
     TALLY["graphs"] += 1

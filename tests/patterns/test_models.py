@@ -74,6 +74,33 @@ def test_what_stays_unfused_says_why(graphs, form):
     assert all("permute" in d.detail for d in r.rejected if d.reason == "producer_not_fusable")
 
 
+@pytest.mark.parametrize("form", ["hf", "engine"])
+def test_rejections_a_later_rewrite_takes_in_are_superseded(form):
+    """With every rewrite on, at decode (one token, batch 1): Qwen3's q / k norms, declined by norm_quant, go into
+    norm_rope's launch, and the o_proj's input quant, declined by group_quant, into the attention's launch or the
+    quantizing GEMV. ``rejected`` then lists what still runs unfused: the final norm (and, in the HF form, the
+    attention's KV copy that gqa_attention keeps at batch 1 with 2 pairs)."""
+    m = model("qwen3-tiny", form)
+    r, _ = run_pass(capture(m, *example_inputs(m, 1, 1))[0], fp8_fusion_pass.FusionConfig())
+    taken = {(s.rejection.pattern, s.rejection.reason, s.taken_by) for s in r.superseded}
+    assert ("norm_quant", "no_quant_consumer", "norm_rope") in taken, r.render()
+    assert sum(s.taken_by == "norm_rope" for s in r.superseded) == 2 * LAYERS
+    assert {s.rejection.pattern for s in r.superseded} <= {"norm_quant", "group_quant"}, r.render()
+    assert sum(s.rejection.pattern == "group_quant" for s in r.superseded) == LAYERS, r.render()
+    rejected_nodes = {d.node for d in r.rejected}
+    assert not rejected_nodes & {s.rejection.node for s in r.superseded}
+    assert [d.reason for d in r.rejected if d.pattern in ("norm_quant", "add_norm_quant")] == ["no_quant_consumer"]
+
+
+def test_a_rejection_stays_when_the_later_rewrite_is_off():
+    """norm_rope off: nothing takes the q / k norms, so their norm_quant rejections stand."""
+    m = model("qwen3-tiny", "engine")
+    on, _ = run_pass(capture(m, *example_inputs(m, 1, 1))[0], fp8_fusion_pass.FusionConfig())
+    off, _ = run_pass(capture(m, *example_inputs(m, 1, 1))[0], fp8_fusion_pass.FusionConfig(norm_rope=False))
+    assert not any(s.taken_by == "norm_rope" for s in off.superseded)
+    assert off.rejection_reasons()["no_quant_consumer"] == on.rejection_reasons()["no_quant_consumer"] + 2 * LAYERS
+
+
 def test_llama_has_no_qk_norms(graphs):
     r, _ = run_pass(graphs[("llama-tiny", "hf")])
     assert r.rejection_reasons() == {"no_quant_consumer": 1, "producer_not_fusable": LAYERS}
