@@ -32,10 +32,24 @@ from torch import nn
 
 from . import report
 from .config import FusionConfig
-from .fusion_pass import FP8FusionPass
+from .fusion_pass import FP8FusionPass, checked_config
 
 NAME = "fp8_fusion"
 ENTRY_POINT_GROUP = "torch_dynamo_backends"
+
+
+def _check_inductor_options(options: dict) -> None:
+    """Unknown Inductor config keys fail here, at ``backend(...)``, not as a BackendCompilerFailed at the first call."""
+    import torch._inductor.config as inductor_config
+
+    unknown = [k for k in options if not hasattr(inductor_config, k)]
+    if not unknown:
+        return
+    hint = ""
+    if any(k in ("mode", "options", "dynamic", "fullgraph") for k in unknown):
+        hint = "; mode= / options= / dynamic= / fullgraph= belong to torch.compile(...), not to backend(...)"
+    raise ValueError(f"backend(): {', '.join(map(repr, unknown))} is not an Inductor config key (torch._inductor."
+                     f"config, e.g. max_autotune=True or **{{'triton.cudagraphs': True}}){hint}")
 
 
 def _patches(pass_: FP8FusionPass, mode: str | None, options: dict | None, dynamic, inductor_options: dict) -> dict:
@@ -58,6 +72,7 @@ def backend(config: FusionConfig | None = None, **inductor_options: Any) -> Call
     ``force_disable_caches=True``); ``torch.compile``'s own ``mode=`` / ``options=`` are honoured as well.
     """
     pass_ = FP8FusionPass(config)
+    _check_inductor_options(inductor_options)
     _register()
 
     def fp8_fusion_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None,
@@ -125,6 +140,7 @@ def fuse(obj: Any = None, config: FusionConfig | None = None, **compile_kwargs: 
     - ``@fuse`` / ``@fuse(config=..., **compile_kwargs)`` on an ``nn.Module`` subclass: every instance compiles its
       forward with the backend on its first call (``nn.Module.compile``).
     """
+    checked_config(config)  # a bad config fails at the decorator, not at the first instance's first call
     if obj is None:
         return functools.partial(fuse, config=config, **compile_kwargs)
     if isinstance(obj, type) and issubclass(obj, nn.Module):

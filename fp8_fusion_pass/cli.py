@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import traceback
@@ -20,6 +21,7 @@ from pathlib import Path
 from .cli_support import (
     CliError,
     Progress,
+    at_least,
     fusion_config,
     import_user_module,
     load_model,
@@ -126,6 +128,7 @@ def cmd_diff(args) -> int:
 
     progress = Progress(args.quiet)
     config = fusion_config(args.only)  # bad flags fail before the model is built
+    at_least("--context", args.context, 0)
     loaded = load_model(args.model, args, progress)
     fusion = make_fusion_pass(config)
     on_cuda = resolve_device(args.device).type == "cuda"
@@ -181,6 +184,8 @@ def cmd_verify(args) -> int:
 
     progress = Progress(args.quiet)
     cases = vf.select_cases(args.cases)  # bad flags fail before the model is built
+    if args.tol is not None and not (math.isfinite(args.tol) and args.tol > 0):
+        raise CliError(f"--tol {args.tol}: must be a positive number (a relative L2 error)")
     config = fusion_config(args.only)
     loaded = load_model(args.model, args, progress)
     fusion = make_fusion_pass(config)

@@ -72,8 +72,16 @@ def known_presets() -> list[str]:
     return list(PRESETS)
 
 
+def at_least(flag: str, value, low) -> None:
+    """A numeric flag below ``low`` (or NaN, which compares false with everything) is a CliError."""
+    if not value >= low:
+        raise CliError(f"{flag} {value}: must be >= {low}")
+
+
 def load_model(spec: str, args, progress: Progress) -> LoadedModel:
     """Build MODEL from a preset name or ``module:factory`` on ``args.device`` with the verb's options."""
+    for flag in ("batch", "seq"):  # checked before the model is built; 0 would fail deep inside the compile
+        at_least(f"--{flag}", getattr(args, flag), 1)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype)
     if ":" in spec:
@@ -83,8 +91,8 @@ def load_model(spec: str, args, progress: Progress) -> LoadedModel:
         raise CliError(
             f"unknown model {spec!r}: known presets are {', '.join(presets)} (or give package.module:factory)"
         )
-    if args.layers is not None and args.layers < 1:
-        raise CliError(f"--layers {args.layers}: must be >= 1")
+    if args.layers is not None:
+        at_least("--layers", args.layers, 1)
     from .models import build_model, example_inputs
 
     layers = _layers_text(spec, args.layers)

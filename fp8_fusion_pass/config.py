@@ -64,6 +64,24 @@ class FusionConfig:
     # Honour FP8_FUSION_DISABLE from the environment at compile time.
     use_env: bool = True
 
+    def __post_init__(self) -> None:
+        # Checked here, not at compile time: a string switch ("no") is truthy and would silently turn a fusion on,
+        # and a group size that is no power of two can never match a group_quant (its op refuses those). Written
+        # here, not taken from kernels.checks: config sits below everything and imports nothing of ours.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name != "group_sizes" and not isinstance(value, bool):
+                raise TypeError(f"FusionConfig.{f.name} must be True or False, got {value!r}")
+        sizes = self.group_sizes
+        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+            raise TypeError(f"FusionConfig.group_sizes must be a tuple of ints, e.g. (128, 64), got {sizes!r}")
+        sizes = tuple(sizes)
+        bad = [g for g in sizes if isinstance(g, bool) or not isinstance(g, int) or g <= 0 or g & (g - 1)]
+        if bad:
+            raise ValueError(f"FusionConfig.group_sizes: {', '.join(map(repr, bad))} not a power of two (the group "
+                             f"quant's sizes, e.g. (128, 64)), got {sizes!r}")
+        object.__setattr__(self, "group_sizes", sizes)  # a list becomes a tuple: the config stays hashable
+
     @classmethod
     def only(cls, names: str | tuple[str, ...] | list[str], **kwargs) -> FusionConfig:
         """A config that enables only the named fusions: ``FusionConfig.only("norm_quant,zero_fill")``."""

@@ -25,7 +25,7 @@ from torch import nn
 
 from . import arch
 from .kernels import ops as _ops  # noqa: F401  (registers torch.ops.fp8_fusion.*)
-from .kernels import reference
+from .kernels import checks, reference
 
 BLOCK = (128, 128)
 # torch._scaled_mm (the per-tensor GEMM on CUDA) needs K and N multiples of 16.
@@ -217,8 +217,10 @@ def _adopt_reason(lin: nn.Linear) -> str | None:
 
 
 def _convert(model: nn.Module, scheme: str, skip: Iterable[str], reason_of, make, adopt=None) -> QuantizeSummary:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module to convert, got {type(model).__name__}")
     summary = QuantizeSummary(scheme)
-    skip = tuple(skip)
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)  # tuple("lm_head") would be its letters
     # Collect first: replacing while iterating named_modules would revisit or miss children.
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     for name, lin in targets:
@@ -250,6 +252,7 @@ def convert_linears(model: nn.Module, scheme: str, skip: Iterable[str] = ("lm_he
     """The conversion behind the public functions, without the nothing-eligible error (for converting a model
     one decoder layer at a time, where a layer may legitimately hold no eligible linear)."""
     if scheme == "block":
+        checks.power_of_two_group("quantize_block_fp8", group_size)  # else the first forward's group_quant refuses it
         return _convert(model, f"block-fp8 {BLOCK[0]}x{BLOCK[1]}", skip, lambda lin: _block_reason(lin, BLOCK),
                         lambda lin: BlockFP8Linear.from_linear(lin, group_size, BLOCK),
                         lambda lin: BlockFP8Linear.from_fp8_linear(lin, group_size))

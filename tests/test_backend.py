@@ -139,6 +139,27 @@ def test_fuse_rejects_non_modules():
         fp8_fusion_pass.fuse(lambda x: x)
 
 
+def test_bad_arguments_fail_when_given_not_inside_the_first_compile():
+    """A wrong config or Inductor key fails at backend() / fuse() / FusionConfig(), with a message that says what
+    to pass, instead of a BackendCompilerFailed at the model's first call."""
+    with pytest.raises(TypeError, match="FusionConfig or None, got int"):
+        fp8_fusion_pass.backend(3)
+    with pytest.raises(TypeError, match="FusionConfig or None, got str"):
+        fp8_fusion_pass.fuse(config="norm_quant")(NormLinear)  # the class decorator, before any instance
+    with pytest.raises(ValueError, match="'mode' is not an Inductor config key.*belong to torch.compile"):
+        fp8_fusion_pass.backend(mode="reduce-overhead")
+    with pytest.raises(ValueError, match="'no_such_key' is not an Inductor config key"):
+        fp8_fusion_pass.backend(no_such_key=1)
+    fp8_fusion_pass.backend(max_autotune=False, **{"triton.cudagraphs": False})  # dotted keys are fine
+    with pytest.raises(TypeError, match="FusionConfig.norm_quant must be True or False, got 'no'"):
+        FusionConfig(norm_quant="no")  # truthy: it would have turned the fusion on
+    with pytest.raises(TypeError, match="group_sizes must be a tuple of ints"):
+        FusionConfig(group_sizes=128)
+    with pytest.raises(ValueError, match="100 not a power of two"):
+        FusionConfig(group_sizes=(128, 100))
+    assert FusionConfig(group_sizes=[128]).group_sizes == (128,) and hash(FusionConfig(group_sizes=[128]))
+
+
 def test_fx_graph_cache_hit_adds_a_report_that_says_so(tmp_path, monkeypatch):
     # A cached graph does not run the pass; the backend still reports the compile, marked as a cache hit.
     from fp8_fusion_pass import report

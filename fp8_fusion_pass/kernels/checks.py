@@ -25,9 +25,13 @@ def activation(op: str, name: str, x: torch.Tensor, any_strides: bool = False) -
         raise ValueError(f"{op}: {name} must be contiguous in its last dim, got strides {tuple(x.stride())}")
 
 
+def power_of_two_group(op: str, group) -> None:
+    if isinstance(group, bool) or not isinstance(group, int) or group <= 0 or group & (group - 1):
+        raise ValueError(f"{op}: group_size must be a power of two, got {group!r}")
+
+
 def group_size(op: str, k, group: int) -> None:
-    if group <= 0 or group & (group - 1):
-        raise ValueError(f"{op}: group_size must be a power of two, got {group}")
+    power_of_two_group(op, group)
     if k % group != 0:
         raise ValueError(f"{op}: the last dim ({k}) must be a multiple of group_size ({group})")
 

@@ -66,6 +66,11 @@ BAD_INPUTS = [
     (["verify", "qwen3-tiny", "--cases", "random-1,typo"], r"--cases: unknown case\(s\) typo; known: random-1"),
     (["diff", "qwen3-tiny", "--dtype", "fp4"], r"--dtype fp4: expected one of bfloat16"),
     (["diff", "qwen3-tiny", "--layers", "0"], r"--layers 0: must be >= 1"),
+    (["diff", "qwen3-tiny", "--batch", "0"], r"--batch 0: must be >= 1"),
+    (["verify", "cli_factories:raises", "--seq", "-3"], r"--seq -3: must be >= 1"),  # before the factory runs
+    (["diff", "qwen3-tiny", "--context", "-1"], r"--context -1: must be >= 0"),
+    (["verify", "qwen3-tiny", "--tol", "nan"], r"--tol nan: must be a positive number"),
+    (["verify", "qwen3-tiny", "--tol", "0"], r"--tol 0.0: must be a positive number"),
     (["scale-probe", "fp8_fusion::no_such_op"], r"no op 'fp8_fusion::no_such_op' is registered"),
     (["scale-probe", "fp8_fusion::dynamic_per_tensor_quant", "--shapes", "17by4096"], r"--shapes 17by4096: expected"),
 ]

@@ -108,6 +108,19 @@ def test_no_eligible_linear_raises_clearly():
         quantize_block_fp8(model)
     with pytest.raises(ValueError, match="block_size"):
         quantize_block_fp8(nn.Sequential(nn.Linear(128, 128)), block_size=(64, 64))
+    for group in (100, 0):  # at conversion, not at the first forward's group_quant
+        with pytest.raises(ValueError, match=f"group_size must be a power of two.*got {group}"):
+            quantize_block_fp8(nn.Sequential(nn.Linear(128, 128)), group_size=group)
+    with pytest.raises(TypeError, match="expected an nn.Module to convert, got dict"):
+        quantize_block_fp8({"linear": nn.Linear(128, 128)})
+
+
+def test_a_single_skip_name_is_a_name_not_its_letters():
+    model = nn.Sequential()
+    model.add_module("body", nn.Linear(128, 128))
+    model.add_module("lm_head", nn.Linear(128, 128))
+    summary = quantize_block_fp8(model, skip="lm_head")
+    assert type(model.lm_head) is nn.Linear and type(model.body) is not nn.Linear, summary
 
 
 def _fp8_calls(mod: nn.Module, x: torch.Tensor) -> list[str]:
