@@ -19,6 +19,7 @@ import importlib
 import logging
 import os
 import threading
+import warnings
 from typing import Callable, Iterator
 
 import torch
@@ -115,14 +116,22 @@ def chosen_backends(device: torch.device) -> tuple[str, ...]:
         if reason is not None:
             raise BackendUnavailable(f"backend {explicit!r} was requested but is unavailable on {device}: {reason}")
         return (explicit, "reference") if explicit != "reference" else ("reference",)
-    usable = []
+    usable, skipped = [], []
     for name in preference(device):
         reason = unavailable_reason(name, device)
         if reason is None:
             usable.append(name)
-        elif (name, device.type) not in _warned:
+            continue
+        skipped.append(f"{name}: {reason}")
+        if (name, device.type) not in _warned:
             _warned.add((name, device.type))
             log.info("fp8_fusion_pass: backend %s skipped on %s: %s", name, device.type, reason)
+    if device.type != "cpu" and usable == ["reference"] and ("reference only", device.type) not in _warned:
+        # Every op then runs pure torch on the GPU (a GEMM dequantizes its weight per call): say so louder than INFO.
+        _warned.add(("reference only", device.type))
+        warnings.warn(f"fp8_fusion_pass: no kernel backend runs on this {device.type} device "
+                      f"({'; '.join(skipped)}), so every fp8_fusion op runs its pure-torch reference, many times "
+                      "slower; the pass's fusions are off there (reason no_fused_kernel)", stacklevel=3)
     return tuple(usable)
 
 

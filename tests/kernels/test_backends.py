@@ -42,3 +42,21 @@ def test_simulated_gfx942_uses_fnuz_and_240():
         assert (a.fp8_dtype, a.fp8_max, a.is_rocm) == (torch.float8_e4m3fnuz, 240.0, True)
         assert backends.preference(CPU)[0] == "aiter"
     assert arch.arch_of(CPU).fp8_dtype == torch.float8_e4m3fn
+
+
+def test_a_gpu_left_with_the_reference_alone_warns_once(monkeypatch, recwarn):
+    """sm80 (no fp8 Triton): every op would run pure torch on the GPU. That is a warning, once per device type,
+    naming each skipped backend's reason; the CPU (where the reference is the plan) and a Hopper stay quiet."""
+    monkeypatch.setattr(backends, "_warned", set())
+    monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+    cuda = torch.device("cuda")
+    with arch.simulate_arch("sm80"):
+        with pytest.warns(UserWarning, match=r"no kernel backend runs on this cuda device \(triton: .*sm80"):
+            assert backends.chosen_backends(cuda) == ("reference",)
+        backends.chosen_backends(cuda)
+    assert not [w for w in recwarn if "no kernel backend" in str(w.message)]  # the second call was quiet
+    monkeypatch.setattr(backends, "_warned", set())
+    assert backends.chosen_backends(torch.device("cpu")) == ("reference",)
+    with arch.simulate_arch("sm90"):
+        assert backends.chosen_backends(cuda) == ("triton", "reference")  # triton is a test dependency
+    assert not [w for w in recwarn if "no kernel backend" in str(w.message)]

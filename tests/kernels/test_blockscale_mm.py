@@ -399,6 +399,28 @@ def test_plan(arch_name, m, n, k, group, out_dtype, want):
     assert _plan(arch_name, m, n, k, group, out_dtype).path == want
 
 
+def test_a_gpu_gemm_on_the_reference_path_is_named_once(monkeypatch):
+    """The dequant path on a GPU is a silent slowdown of 10x and more: the reason is warned, once per kind of GEMM;
+    the CPU (whose path the reference is) and every shape a kernel takes stay quiet."""
+    with arch.simulate_arch("sm90") as a:
+        message = bm.slow_path_warning(a, "cuda", FP8, 4096, 4096, 16, BF16)
+        assert message and "activation group 16" in message and "group_size=128" in message
+        assert bm.slow_path_warning(a, "cuda", FP8, 4096, 4096, 128, BF16) is None
+        assert bm.slow_path_warning(a, "cuda", FP8, 4096, 4096, 64, BF16) is None  # Triton takes 1x64 groups
+        assert bm.slow_path_warning(a, "cpu", FP8, 4096, 4096, 16, BF16) is None
+    with arch.simulate_arch("sm80") as a:
+        message = bm.slow_path_warning(a, "cuda", FP8, 4096, 4096, 128, BF16)
+        assert "no fp8" in message.lower() and "group_size=128" not in message  # the group is not the cause
+    # the launcher: a GEMM planned onto dequant warns where slow_path_warning has a reason, and only once
+    monkeypatch.setattr(bm, "slow_path_warning", lambda *args: "slow on purpose")
+    monkeypatch.setattr(bm, "_WARNED_SLOW", set())
+    q, xs, w_q, w_s = make_inputs(3, 256, 256, group=16, device="cpu")
+    with pytest.warns(UserWarning, match="slow on purpose") as record:
+        bm.blockscale_mm(q, xs, w_q, w_s, BF16)
+        bm.blockscale_mm(q, xs, w_q, w_s, BF16)
+    assert len([w for w in record if "slow on purpose" in str(w.message)]) == 1
+
+
 def test_table_entries_win_but_never_over_legality(monkeypatch):
     monkeypatch.setitem(bm.TABLE, ("sm90", 16, 4096, 4096), bm.Choice("tiled", TiledConfig(16, 64)))
     monkeypatch.setitem(bm.TABLE, ("sm90", 2048, 4096, 640), bm.Choice("cublas"))

@@ -30,6 +30,7 @@ Until then the table is empty and ``default_choice`` decides by reasoning.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -387,8 +388,34 @@ def _execute(path, q, x_scale, w_q, w_scale, out_dtype, config=None, variant=Non
     return _ref.blockscale_mm(q, x_scale, w_q, w_scale, out_dtype)
 
 
+def slow_path_warning(a: _arch.Arch, device_type: str, fp8: torch.dtype, n: int, k: int, group: int,
+                      out_dtype: torch.dtype) -> str | None:
+    """Why a GPU runs this GEMM on the ``dequant`` reference (fp32 weights made per call: many times slower than a
+    kernel), or None where a kernel path takes it or the device is the CPU (where the reference is the path)."""
+    if device_type == "cpu":
+        return None
+    reasons = {p: unsupported(p, a, device_type, fp8, n, k, group, out_dtype) for p in ("cublas", "small_m")}
+    if any(r is None for r in reasons.values()):
+        return None
+    hint = (" Quantize with group_size=128 (quantize_block_fp8's default) to get the kernels."
+            if promotion_block(group) < MIN_BLOCK_K else "")
+    return (f"blockscale_mm: no kernel on {a.name} takes N={n} K={k} with activation group {group} (cuBLAS: "
+            f"{reasons['cublas']}; Triton: {reasons['small_m']}), so it runs the dequantize-and-matmul reference, "
+            f"many times slower.{hint}")
+
+
+_WARNED_SLOW: set = set()
+
+
 def blockscale_mm(q, x_scale, w_q, w_scale, out_dtype: torch.dtype) -> torch.Tensor:
     """``y [M, N] = dequant(q, x_scale) @ dequant(w_q, w_scale)^T`` (signature of ``reference_backend``)."""
     checks.blockscale_mm_args("blockscale_mm", q, x_scale, w_q, w_scale, out_dtype)
     choice = plan_for(q, x_scale, w_q, w_scale, out_dtype)
+    if choice.path == "dequant":  # a silent 10x+ slowdown otherwise: say so once per kind of GEMM
+        m, n, k, group = _shape_facts(q, x_scale, w_q)
+        a = _arch.arch_of(q.device)
+        message = slow_path_warning(a, q.device.type, q.dtype, n, k, group, out_dtype)
+        if message is not None and (a.name, n, k, group) not in _WARNED_SLOW:
+            _WARNED_SLOW.add((a.name, n, k, group))
+            warnings.warn(message, stacklevel=2)
     return _execute(choice.path, q, x_scale, w_q, w_scale, out_dtype, choice.config)
