@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 7's figures (docs/benchmarks.md, "Where issue 7 stands") in parts, each within one 10-minute call of the
+# device machine; outputs under ${OUT:-/tmp/issue7}, and after each part the targets table of every output there
+# so far (benchmarks/issue7_targets.py):
+#     OUT=$OUT bash benchmarks/issue7.sh 1    engine decode, Llama-3.1-8B and Qwen3-8B, with bf16 and prefill (~300 s)
+#     OUT=$OUT bash benchmarks/issue7.sh 2    engine decode, Qwen3-32B: batch 1 in 5 interleaved rounds, 8-64 (~200 s)
+#     OUT=$OUT bash benchmarks/issue7.sh 3    the fused-kernel and block-scale GEMM tables (~265 s)
+#     OUT=$OUT bash benchmarks/issue7.sh 4    HF form decode, Llama-3.1-8B (batch 1-64)
+#     OUT=$OUT bash benchmarks/issue7.sh 5    HF form decode, Qwen3-8B (batch 1-64)
+#     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
+# Times: one H200, 2026-12-05 (parts 1-3 as separate commands; none yet run through this script, 4 and 5 never
+# as one call). The device's outputs come back per call: copy every part's files into one folder and run
+# `targets` there to see them in one table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+out=${OUT:-/tmp/issue7}
+mkdir -p "$out"
+decode=(python benchmarks/decode.py --prefill 0 --no-bf16 --steps 20)
+case "${1:-}" in
+    1) python benchmarks/decode.py --presets llama3.1-8b,qwen3-8b --forms engine --batches 1,8,32,64 --prefill 2048 \
+           --steps 30 --json "$out/decode_engine_8b.json" ;;
+    2) "${decode[@]}" --presets qwen3-32b --forms engine --batches 1 --interleave 5 --json "$out/decode_engine_32b_b1.json" \
+           && "${decode[@]}" --presets qwen3-32b --forms engine --batches 8,32,64 --json "$out/decode_engine_32b.json" ;;
+    3) python benchmarks/fused_kernels.py --out "$out" && python benchmarks/gemm.py --ms 1,16,64 --json "$out/gemm.json" ;;
+    4) "${decode[@]}" --presets llama3.1-8b --forms hf --batches 1,8,32,64 --json "$out/decode_hf_llama.json" ;;
+    5) "${decode[@]}" --presets qwen3-8b --forms hf --batches 1,8,32,64 --json "$out/decode_hf_qwen3.json" ;;
+    targets) ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|targets" >&2; exit 2 ;;
+esac
+rc=$?
+inputs=()
+decode_files=("$out"/decode_*.json)
+[ -e "${decode_files[0]}" ] && inputs+=(--decode "${decode_files[@]}")
+[ -e "$out/kernels.csv" ] && inputs+=(--kernels "$out/kernels.csv")
+[ -e "$out/gemm.json" ] && inputs+=(--gemm "$out/gemm.json")
+if [ ${#inputs[@]} -eq 0 ]; then
+    echo "no decode_*.json, kernels.csv or gemm.json under $out" >&2
+    [ "$1" = targets ] && exit 1
+    exit $rc
+fi
+python benchmarks/issue7_targets.py "${inputs[@]}" || rc=$?
+exit $rc
