@@ -11,6 +11,8 @@ Candidates (what the defaults were reasoned from, and around them):
   fewer instructions per value; 16 gives more warps per row), each persistent at up to 32 (= as many as fit) and
   at 2 programs per SM, with ``prefetch``; the default shape without prefetch; and one program per row block
   (the first GPU round's structure). Rows that are not 2^a + 2^b groups: two-pass chunks of 4, 8, 16 groups.
+  At M <= ``_tiles.SPLIT_MAX_M`` also one row over several programs (``split_candidates``), whose winners go to
+  their own table, ``SPLIT_ROWS``, where one beats every unsplit tile by more than 3%.
 - per-group kernels (silu + quant, group quant): [rows, groups] tiles of 2048 - 8192 values at 16 or 32 values
   per thread, plus the small tiles the launcher shrinks to at small M.
 """
@@ -65,6 +67,18 @@ def row_candidates(k: int) -> list[_tiles.Tile]:
     return list(dict.fromkeys(out))
 
 
+def split_candidates(k: int) -> list[_tiles.Tile]:
+    """One row over several programs (``_tiles.SPLIT_ROWS``, M <= ``SPLIT_MAX_M``): every split into power-of-two
+    slices of 1-16 groups, at 2, 4 and 8 warps."""
+    n_groups = k // G
+    main = _pow2_floor(n_groups)
+    tail = n_groups - main
+    if k > _tiles.MAX_ONE_PASS_K or (tail and tail & (tail - 1)):
+        return []
+    splits = [n_groups // gps for gps in (1, 2, 4, 8, 16) if n_groups % gps == 0 and n_groups // gps > 1]
+    return [_tiles.Tile(1, main, w, True, tail, split=s) for s in splits for w in (2, 4, 8)]
+
+
 def elementwise_candidates(n_groups: int, m: int) -> list[_tiles.Tile]:
     Tile = _tiles.Tile
     out = []
@@ -92,8 +106,10 @@ def sweep_point(case, bw: float, dry: bool) -> dict:
     op, k, m = case.op, case.k, case.m
     default = default_tile(op, k, m)
     tiles = row_candidates(k) if "norm" in op else elementwise_candidates(k // G, m)
+    splits = split_candidates(k) if "norm" in op and m <= _tiles.SPLIT_MAX_M else []
     if dry:
-        tiles = tiles[:2]
+        tiles, splits = tiles[:2], splits[:1]
+    tiles += splits
     timed = {}
     for tile in dict.fromkeys([default, *tiles]):
         try:
@@ -115,10 +131,29 @@ def winners(rows: list[dict]) -> dict[tuple[str, int, str], tuple[_tiles.Tile, l
     for r in rows:
         groups.setdefault((TABLE_OP[r["op"]], r["K"], _tiles.bucket_of(r["M"])), []).append(r)
     out = {}
-    for key, rs in groups.items():
-        common = set.intersection(*(set(r["all"]) for r in rs))
+    for key, rs in groups.items():  # split tiles serve M <= SPLIT_MAX_M only: their own table (split_winners)
+        common = {t for t in set.intersection(*(set(r["all"]) for r in rs)) if t.split == 1}
         score = {t: sum(r["all"][t] / r["best_us"] for r in rs) for t in common}
         out[key] = (min(score, key=score.get), rs)
+    return out
+
+
+def split_winners(rows: list[dict], margin: float = 0.97) -> dict[tuple[str, int], tuple[_tiles.Tile, list[dict]]]:
+    """Per (table op, K): the split tile with the smallest summed time over the points at M <= SPLIT_MAX_M, where
+    it beats the best unsplit tile at every one of them by more than 3%."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        if r["M"] <= _tiles.SPLIT_MAX_M and "norm" in r["op"]:
+            groups.setdefault((TABLE_OP[r["op"]], r["K"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        common = {t for t in set.intersection(*(set(r["all"]) for r in rs)) if t.split > 1}
+        if not common:
+            continue
+        best = min(common, key=lambda t: sum(r["all"][t] for r in rs))
+        unsplit = [min(v for t, v in r["all"].items() if t.split == 1) for r in rs]
+        if all(r["all"][best] < margin * u for r, u in zip(rs, unsplit)):
+            out[key] = (best, rs)
     return out
 
 
@@ -129,6 +164,10 @@ def print_table(rows: list[dict], header: str) -> None:
         print(f"# {r['op']} K={r['K']} M={r['M']}: {r['default_us']:.1f} us -> {r['best_us']:.1f} us "
               f"({r['best_us'] / r['default_us']:.2f}x, {r['best_over_roofline']:.2f}x roofline); "
               f"best {r['best_tile']}")  # fmt: skip
+        split = {t: v for t, v in r["all"].items() if t.split > 1}
+        if split:
+            t = min(split, key=split.get)
+            print(f"#   best split row: {split[t]:.1f} us ({split[t] / r['default_us']:.2f}x the default tile) {t}")
     print("\n# Paste into fp8_fusion_pass/kernels/triton/_tiles.py (replaces MEASURED):")
     print("MEASURED: dict[tuple[str, int, str], Tile] = {")
     for (op, k, bucket), (tile, rs) in sorted(winners(rows).items()):
@@ -137,6 +176,17 @@ def print_table(rows: list[dict], header: str) -> None:
             print(f"    # M={r['M']}: {t:.1f} us, {t / roof:.2f}x roofline (default tile {r['default_us']:.1f} us)")
         print(f'    ("{op}", {k}, "{bucket}"):\n        {tile!r},')
     print("}")
+    split_rows = split_winners(rows)
+    if any(r["M"] <= _tiles.SPLIT_MAX_M and "norm" in r["op"] for r in rows):
+        print("\n# Paste into fp8_fusion_pass/kernels/triton/_tiles.py (replaces SPLIT_ROWS; a row over several "
+              f"programs at M <= {_tiles.SPLIT_MAX_M}, where it beat every unsplit tile by > 3%):")
+        print("SPLIT_ROWS: dict[tuple[str, int], Tile] = {")
+        for (op, k), (tile, rs) in sorted(split_rows.items()):
+            for r in rs:
+                unsplit = min(v for t, v in r["all"].items() if t.split == 1)
+                print(f"    # M={r['M']}: {r['all'][tile]:.2f} us against {unsplit:.2f} us for the best unsplit tile")
+            print(f'    ("{op}", {k}):\n        {tile!r},')
+        print("}")
 
 
 def run(make_case, ops, sizes_of, sizes_filter, ms, bw: float, dry: bool, budget_s: float) -> list[dict]:

@@ -61,3 +61,11 @@ def test_sweep_prints_a_pasteable_table(tmp_path, monkeypatch):
     assert _tiles.row_tile(3, 256, 128) == tile and _tiles.row_tile(3, 256, 64) != tile  # group 128 only
     assert _tiles.row_tile(3, 256, 128, residual=True) == measured[("add_rms_norm", 256, "small")]
     assert _tiles.elementwise_tile(3, 3, 128, "silu_mul") == measured[("silu_mul", 384, "small")]
+    assert all(t.split == 1 for t in measured.values())  # a split tile serves M <= SPLIT_MAX_M only: its own table
+    # the dry run timed a split tile at M = 1 (K = 256: two programs of one group); SPLIT_ROWS is pasteable too,
+    # holding a split tile wherever the dry run's (meaningless) times made one win
+    assert "Tile(block_m=1, gpc=2, num_warps=2, one_pass=True, tail=0, per_sm=0, prefetch=False, split=2)" in out
+    block = out[out.index("SPLIT_ROWS: dict") :]
+    exec(block[: block.index("\n}") + 2], namespace)  # noqa: S102
+    assert all(op in ("rms_norm", "add_rms_norm") and k == 256 and t.split == 2
+               for (op, k), t in namespace["SPLIT_ROWS"].items()), namespace["SPLIT_ROWS"]

@@ -9,6 +9,7 @@ outputs; validation errors; the per-tensor quant overwriting its scale. ``TestCu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -272,6 +273,27 @@ class TestCuda:
                 (q1, s1), _ = norm_mod.launch(x, w, EPS, None, 128)
                 (q2, s2), _ = norm_mod.launch(x, w, EPS, None, 128, tile=_tiles.Tile(2, 8, 4, one_pass=False))
             _assert_norm_fused_vs_unfused(q1, s1, q2, s2, f"K={k} one-pass vs two-pass")
+
+    @pytest.mark.parametrize("k,splits", [(4096, (2, 4, 8, 16)), (5120, (5, 10, 20)), (8192, (4, 8, 16))])
+    @pytest.mark.parametrize("m", [1, 3])
+    def test_split_rows_are_the_one_pass_row_bit_for_bit(self, k, splits, m):
+        """A row over several programs (``_tiles.SPLIT_ROWS``) against the one-pass program of the same tile, compiled
+        for this GPU: the sum of squares is the same code, so every output must be the same bits."""
+        x, r = _randn(m, k, device=self.DEV, seed=40), _randn(m, k, device=self.DEV, seed=41)
+        w = _randn(k, device=self.DEV, seed=42) * 0.5 + 1
+        groups = k // 128
+        main = 1 << (groups.bit_length() - 1)
+        for warps in (2, 4, 8):
+            base = _tiles.Tile(1, main, warps, one_pass=True, tail=groups - main)
+            outs = {}
+            for tile in (base, *(dataclasses.replace(base, split=s) for s in splits)):
+                with _poisoned_outputs():
+                    (q, s), res = norm_mod.launch(x, w, EPS, r, 128, tile=tile)
+                    y, _ = norm_mod.launch(x, w, EPS, None, None, tile=tile)
+                outs[tile] = (q.view(torch.uint8), s, res, y)
+            for tile, got in outs.items():
+                for name, a, b in zip(("q", "scale", "residual", "y"), got, outs[base]):
+                    assert torch.equal(a, b), f"K={k} M={m} {tile}: {name} differs from the one-pass row"
 
     def test_fakes(self):
         check_fakes(self.DEV)

@@ -83,11 +83,18 @@ SCRIPT = textwrap.dedent(
         t = _tiles.row_tile(8192, k, 128, res)
         even = k == (t.gpc + t.tail) * 128 if t.one_pass else k % (t.gpc * 128) == 0
         c = dict(G=128, GPC=t.gpc, TAIL=t.tail, BLOCK_M=t.block_m, ONE_PASS=t.one_pass, EVEN_K=even,
-                 PREFETCH=t.prefetch and t.one_pass, HAS_RESIDUAL=res, QUANT=quant, **FP8, **OFF)
+                 PREFETCH=t.prefetch and t.one_pass, HAS_RESIDUAL=res, QUANT=quant, **FP8, **OFF, SPLIT=1, GPS=1)
         out[f"norm K={k} residual={res} quant={quant} {t}"] = build(rn._rms_norm_kernel, NORM, c, t.num_warps)
         if k == 4096:
             out[f"norm PDL K={k} residual={res} quant={quant} {t}"] = build(rn._rms_norm_kernel, NORM, {**c, **PDL},
                                                                             t.num_warps)
+    # a row over several programs (_tiles.SPLIT_ROWS: decode sizes), each the whole row's sum and its own groups
+    for k, res, split in [(4096, False, 8), (5120, True, 5), (5120, False, 10)]:
+        main = 1 << ((k // 128).bit_length() - 1)
+        t = _tiles.Tile(1, main, 4, True, k // 128 - main, split=split)
+        c = dict(G=128, GPC=t.gpc, TAIL=t.tail, BLOCK_M=1, ONE_PASS=True, EVEN_K=True, PREFETCH=False,
+                 HAS_RESIDUAL=res, QUANT=True, **FP8, **OFF, SPLIT=split, GPS=(t.gpc + t.tail) // split)
+        out[f"norm split K={k} residual={res} quant=True {t}"] = build(rn._rms_norm_kernel, NORM, c, 4)
     for quant in (True, False):
         t = _tiles.elementwise_tile(8192, 96, 128, "silu_mul")
         c = dict(G=128, GPC=t.gpc, BLOCK_M=t.block_m, QUANT=quant, **FP8, **OFF)
@@ -240,7 +247,7 @@ def test_kernels_compile_for_sm90():
     # the TMA GEMMs load their operand tiles with cp.async.bulk.tensor: activation and weight; and the up weight
     assert pdl.pop("TMA copies _small_m_kernel") >= 2, "the TMA small-M GEMM's tiles are not bulk tensor copies"
     assert pdl.pop("TMA copies _small_m_silu_quant_kernel") >= 3, "the TMA SiLU-quant GEMM's tiles are not bulk copies"
-    assert len(result) == 54, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
+    assert len(result) == 57, sorted(result)  # GROUP_TILES, the GEMVs, the RoPE launch at its 3 tiles + strided
     # norm, silu, group_quant, small-M x 2, small-M SiLU-quant, split-K sum, tiled
     assert len(pdl) == 8 and sum("_small_m_kernel" in name for name in pdl) == 2, sorted(pdl)
     for name, facts in pdl.items():

@@ -163,3 +163,75 @@ def test_poisoned_outputs_catch_an_unwritten_tail(monkeypatch):
     assert s[:, 32:].isnan().all() and not s[:, :32].isnan().any()
     with pytest.raises(AssertionError, match="NaN positions differ"):
         _assert_kernel_quant(q, s, q_ref, s_ref, "no tail", pure_quant=False)
+
+
+# ---------------------------------------------------------------- a row over several programs (decode sizes)
+
+
+def _split_tiles(k: int) -> list[_tiles.Tile]:
+    groups = k // 128
+    main = 1 << (groups.bit_length() - 1)
+    base = _tiles.Tile(1, main, 4, one_pass=True, tail=groups - main)
+    splits = [s for s in (2, 5, 8, 10) if groups % s == 0 and (groups // s) & (groups // s - 1) == 0]
+    return [base, *(dataclasses.replace(base, split=s) for s in splits)]
+
+
+@cpu_only
+@pytest.mark.parametrize("k", [5120, 4096, 1024])
+def test_split_rows_are_the_one_pass_row_bit_for_bit(k):
+    """Each program of a split row sums the squares of the whole row with the one-pass code, so rstd and every
+    output equal the one-pass program's bit for bit (fused and unquantized, with and without the residual add),
+    and every value is stored by exactly the program that owns its groups (poisoned outputs)."""
+    x, w, r = _randn(3, k, seed=30), _randn(k, seed=31), _randn(3, k, seed=32)
+    base, *splits = _split_tiles(k)
+    assert splits, k
+    runs = {}
+    for tile in (base, *splits):
+        with _poisoned_outputs():
+            (q, s), res = norm_mod.launch(x, w, EPS, r, 128, tile=tile)
+            (qn, sn), _ = norm_mod.launch(x, w, EPS, None, 128, tile=tile)
+            y, _ = norm_mod.launch(x, w, EPS, r, None, tile=tile)
+        runs[tile] = [q.view(torch.uint8), s, res, qn.view(torch.uint8), sn, y]
+    for tile in splits:
+        for name, got, want in zip(("q", "scale", "residual", "q (no add)", "scale (no add)", "y"), runs[tile],
+                                   runs[base]):
+            assert not got.float().isnan().any(), f"{tile}: {name} has unwritten values"
+            _assert_exact(got, want, f"{tile}: {name}")
+
+
+@cpu_only
+def test_a_split_that_sums_part_of_the_row_is_caught(monkeypatch):
+    # the check above can fail: with the sum's main tile narrowed to the first half of the row (its two programs
+    # then normalise and store only that half), the stored values differ from the one-pass row's
+    x, w = _randn(2, 1024, seed=33), _randn(1024, seed=34)
+    base, split = _split_tiles(1024)[:2]
+    monkeypatch.setattr(_tiles, "check_split", lambda *a: None)
+    with _poisoned_outputs():
+        want = norm_mod.launch(x, w, EPS, None, None, tile=base)[0]
+        got = norm_mod.launch(x, w, EPS, None, None, tile=dataclasses.replace(split, gpc=base.gpc // 2))[0]
+    stored = got[:, :512].float()
+    assert not stored.isnan().any() and got[:, 512:].float().isnan().all()
+    assert not torch.equal(stored, want[:, :512].float())
+
+
+@pytest.mark.parametrize("tile", [
+    _tiles.Tile(2, 8, 4, one_pass=True, split=2),  # two rows per program
+    _tiles.Tile(1, 8, 4, one_pass=False, split=2),  # the two-pass loop
+    _tiles.Tile(1, 32, 4, one_pass=True, tail=8, split=4),  # 40 groups do not divide by 4
+    _tiles.Tile(1, 32, 4, one_pass=True, tail=8, split=8),  # 5 groups per program: not a power of two
+])
+def test_tiles_that_cannot_split_a_row_are_refused(tile):
+    with pytest.raises(ValueError, match="power-of-two slices"):
+        _tiles.check_split(tile, (tile.gpc + tile.tail) * 128, 128)
+
+
+def test_split_rows_apply_up_to_split_max_m_only(monkeypatch):
+    split = _tiles.Tile(1, 32, 4, one_pass=True, tail=8, split=10)
+    monkeypatch.setattr(_tiles, "SPLIT_ROWS", {("add_rms_norm", 5120): split})
+    monkeypatch.setattr(_tiles.arch, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(_tiles, "_budget", lambda: (_tiles.TILE, _tiles.TARGET_PROGRAMS))
+    assert _tiles.row_tile(1, 5120, 128, residual=True) == split
+    assert _tiles.row_tile(_tiles.SPLIT_MAX_M, 5120, 128, residual=True) == split
+    assert _tiles.row_tile(_tiles.SPLIT_MAX_M + 1, 5120, 128, residual=True).split == 1
+    assert _tiles.row_tile(1, 5120, 128, residual=False).split == 1  # the table is per op
+    assert _tiles.row_tile(1, 5120, 64, residual=True).split == 1  # measured at group size 128

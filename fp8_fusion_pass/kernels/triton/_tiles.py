@@ -77,6 +77,7 @@ class Tile:
     tail: int = 0  # row kernels, one_pass: a second tile of this many groups after the first GPC (K = 5120)
     per_sm: int = 0  # row kernels, one_pass: at most this many persistent programs per SM (0: one per row block)
     prefetch: bool = False  # row kernels, one_pass: load the next row block before normalising the current one
+    split: int = 1  # row kernels, one_pass, block_m 1: programs per row (``SPLIT_ROWS``), each normalising a slice
 
     def as_kwargs(self) -> dict:
         return {"BLOCK_M": self.block_m, "GPC": self.gpc, "num_warps": self.num_warps}
@@ -252,6 +253,33 @@ MEASURED: dict[tuple[str, int, str], Tile] = {
     ("silu_mul", 28672, "small"):
         Tile(block_m=1, gpc=8, num_warps=4, one_pass=True, tail=0, per_sm=0, prefetch=False),
 }
+
+# A row over several programs at decode sizes (``_rms_norm_kernel``'s SPLIT): each program sums the squares of the
+# whole row (the one-pass tiles, so the same order and the same rstd) and normalises and quantizes (GPC + TAIL) /
+# split groups of it. At one row the one-pass program does all of a row's per-value work on one SM: 17.6 SASS
+# instructions per value at K = 5120 (``REFERENCE_COUNTS``), ~0.35 us of issue there, and the fused norm ran
+# 1.29-1.76x a plain read of its bytes at K = 4096-8192 on the H200 (2.3 us against 1.4 at K = 5120 with the
+# residual add; the silu-quant, whose grid spreads a row over many programs, 1.0x). Split, the repeated sum costs
+# a few instructions per value and the rest divides by ``split``: sm_90 PTX per thread (Triton 3.9, offline, 4
+# warps, K = 5120 with the residual) 912 instructions for the one-pass program, 487 / 424 split 5 / 10 ways.
+# Predicted 0.2-0.3 us less per launch at K = 4096-8192, two launches per decoder layer (Qwen3-32B at batch 1:
+# ~30 us a step, where 1.10x lacked 7 us on 2026-12-05). Built 2026-12-05 and checked on the CPU (bit for bit
+# the one-pass program) and offline for sm_90; not yet timed, so the table is empty: ``benchmarks/fused_kernels.py
+# --sweep --ms 1,4`` times the split tiles and prints the rows to paste. (op, K) -> Tile, for M <= SPLIT_MAX_M.
+SPLIT_MAX_M = 4
+SPLIT_ROWS: dict[tuple[str, int], Tile] = {}
+
+
+def check_split(tile: Tile, k: int, g: int) -> None:
+    """A split tile must be a one-pass, one-row tile whose groups divide into power-of-two slices."""
+    groups = tile.gpc + tile.tail
+    gps = groups // tile.split if tile.split > 0 else 0
+    if not (tile.one_pass and tile.block_m == 1 and tile.split > 1 and groups * tile.split > 0
+            and groups % tile.split == 0 and gps & (gps - 1) == 0 and groups * g >= k):
+        raise ValueError(f"{tile}: a row split over programs needs a one-pass tile of one row whose "
+                         f"{groups} groups divide into {tile.split} power-of-two slices (K={k}, G={g})")
+
+
 def bucket_of(m: int) -> str:
     return next((name for limit, name in BUCKETS if m <= limit), "large")
 
@@ -328,8 +356,11 @@ def programs(tile: Tile, m: int, device: torch.device, key: tuple = ()) -> int:
 
 def row_tile(m: int, k: int, g: int, residual: bool = False) -> Tile:
     """Tile of the norm kernels (one program owns whole rows). Independent of the quant flag, so the fused and
-    the unfused norm reduce in the same order (fused vs unfused is then bit-exact)."""
-    measured = _measured("add_rms_norm" if residual else "rms_norm", m, k, g)
+    the unfused norm reduce in the same order (fused vs unfused is then bit-exact; a split tile keeps that order)."""
+    op = "add_rms_norm" if residual else "rms_norm"
+    if m <= SPLIT_MAX_M and g == 128 and not arch.triton_interpreting() and (op, k) in SPLIT_ROWS:
+        return SPLIT_ROWS[(op, k)]
+    measured = _measured(op, m, k, g)
     if measured is not None:
         return measured
     n_groups = triton.cdiv(k, g)

@@ -19,6 +19,9 @@ issues the next block's loads before normalising the current one, so each reside
 in flight while it computes. Rows of 2^a + 2^b groups (K = 5120: 32 + 8) are a main and a ``TAIL`` tile.
 Other rows (K = 7168, K > 8192) take the two-pass loop: column chunks of GPC groups, the second pass re-reading
 the row from L2 (``evict_last`` on the first).
+``SPLIT`` (a few rows, ``_tiles.SPLIT_ROWS``): one row over SPLIT programs, each summing the whole row's squares
+with the one-pass code (bit for bit its rstd) and normalising its own GPS groups, so the per-value work of a
+decode step's row is spread over SPLIT SMs instead of one.
 ``PDL`` (``_pdl.py``, off by default): ``wait_then_launch`` first in every program, before the w load too.
 """
 
@@ -151,6 +154,8 @@ def _rms_norm_kernel(
     FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, EMULATE_CAST: tl.constexpr,
     PTX: tl.constexpr,  # compiling for NVIDIA: saturating fp8 cast (_fp8.kernel_constexprs)
     PDL: tl.constexpr,  # programmatic dependent launch (_pdl.py): wait_then_launch before any load or store
+    SPLIT: tl.constexpr = 1,  # ONE_PASS, BLOCK_M 1: programs per row, each normalising GPS groups of it
+    GPS: tl.constexpr = 1,  # SPLIT > 1: groups per program, (GPC + TAIL) / SPLIT, a power of two
 ):
     wait_then_launch(PDL)
     DTYPE = x_ptr.dtype.element_ty
@@ -159,7 +164,35 @@ def _rms_norm_kernel(
     NG = tl.cdiv(K, G)
     eps = tl.cast(eps, tl.float32)
     rr = tl.arange(0, BLOCK_M)
-    if ONE_PASS:  # rows stay in registers: a main tile of GPC groups (+ a tail tile of TAIL groups)
+    if SPLIT > 1:
+        # One row over SPLIT programs (a few rows: decode). Each sums the squares of the whole row with the code of
+        # the one-pass path below (the same tiles, so the same order: rstd bit for bit), then normalises and
+        # quantizes only its GPS groups, loaded a second time at the start. One program per row spends most of its
+        # time in the per-value normalise and quant work of the whole row on one SM; here that is split SPLIT
+        # ways and only the sum (a multiply-add per value) is repeated.
+        rows = pid // SPLIT + rr
+        g0 = (pid % SPLIT) * GPS
+        row_ok = rows < M
+        cols = _cols(0, GPC, G)
+        cols_s = _cols(g0, GPS, G)
+        mask = _mask(row_ok, cols, K, EVEN_K)
+        mask_s = _mask(row_ok, cols_s, K, EVEN_K)
+        xa, ra = _load_inputs(x_ptr, r_ptr, rows, stride_x, stride_r, cols, mask, HAS_RESIDUAL)
+        xs, rs = _load_inputs(x_ptr, r_ptr, rows, stride_x, stride_r, cols_s, mask_s, HAS_RESIDUAL)
+        w_s = _load_w(w_ptr, cols_s, K, BLOCK_M, EVEN_K)
+        sum_sq = _sum_sq(_sum_inputs(xa, ra, res_out_ptr, rows, cols, mask, K, HAS_RESIDUAL, False, DTYPE,
+                                     EMULATE_CAST), BLOCK_M)
+        if TAIL > 0:
+            cols_t = _cols(GPC, TAIL, G)
+            mask_t = _mask(row_ok, cols_t, K, EVEN_K)
+            xt, rt = _load_inputs(x_ptr, r_ptr, rows, stride_x, stride_r, cols_t, mask_t, HAS_RESIDUAL)
+            sum_sq += _sum_sq(_sum_inputs(xt, rt, res_out_ptr, rows, cols_t, mask_t, K, HAS_RESIDUAL, False, DTYPE,
+                                          EMULATE_CAST), BLOCK_M)
+        rstd = _rstd(sum_sq, K, eps)
+        xsf = _sum_inputs(xs, rs, res_out_ptr, rows, cols_s, mask_s, K, HAS_RESIDUAL, True, DTYPE, EMULATE_CAST)
+        _normalize_store(xsf, w_s, rstd, y_ptr, q_ptr, s_ptr, rows, row_ok, mask_s, cols_s, g0, K, NG,
+                         QUANT, GPS, BLOCK_M, DTYPE, FP8_MAX, FP8_MIN_EXP, FNUZ, EMULATE_CAST, PTX)
+    elif ONE_PASS:  # rows stay in registers: a main tile of GPC groups (+ a tail tile of TAIL groups)
         cols = _cols(0, GPC, G)
         w = _load_w(w_ptr, cols, K, BLOCK_M, EVEN_K)
         if TAIL > 0:
@@ -260,10 +293,16 @@ def launch(
         even = k == covered if tile.one_pass else k % covered == 0
         pdl = pdl_kwargs(dev)
         key = (tile, residual is not None, quant, x.dtype, g, even, pdl["PDL"])  # one compiled variant of the kernel
-        compiled = _rms_norm_kernel[(_tiles.programs(tile, m, dev, key),)](
+        split = {}
+        if tile.split > 1:
+            _tiles.check_split(tile, k, g)
+            split = {"SPLIT": tile.split, "GPS": (tile.gpc + tile.tail) // tile.split}
+        grid = m * tile.split if split else _tiles.programs(tile, m, dev, key)
+        compiled = _rms_norm_kernel[(grid,)](
             x2, r2, w, y, res_out, q, scale, m, k, x2.stride(0), r2.stride(0), eps,
             G=g, TAIL=tile.tail, ONE_PASS=tile.one_pass, EVEN_K=even, PREFETCH=tile.prefetch and tile.one_pass,
             HAS_RESIDUAL=residual is not None, QUANT=quant, **kernel_constexprs(dev), **tile.as_kwargs(), **pdl,
+            **split,
         )  # fmt: skip
         _tiles.note_resident(key, compiled, tile, dev)
     out = (q.view(x.shape), scale.view(*x.shape[:-1], k // g)) if quant else y.view(x.shape)
