@@ -235,3 +235,5 @@ def test_split_rows_apply_up_to_split_max_m_only(monkeypatch):
     assert _tiles.row_tile(_tiles.SPLIT_MAX_M + 1, 5120, 128, residual=True).split == 1
     assert _tiles.row_tile(1, 5120, 128, residual=False).split == 1  # the table is per op
     assert _tiles.row_tile(1, 5120, 64, residual=True).split == 1  # measured at group size 128
+    # measured on the fused norm: the unquantized one (the compile without the pass) keeps its one-program row
+    assert _tiles.row_tile(1, 5120, 128, residual=True, quant=False).split == 1

@@ -354,11 +354,13 @@ def programs(tile: Tile, m: int, device: torch.device, key: tuple = ()) -> int:
     return min(blocks, per_sm * _device(device.index if device.index is not None else 0).multi_processor_count)
 
 
-def row_tile(m: int, k: int, g: int, residual: bool = False) -> Tile:
+def row_tile(m: int, k: int, g: int, residual: bool = False, quant: bool = True) -> Tile:
     """Tile of the norm kernels (one program owns whole rows). Independent of the quant flag, so the fused and
-    the unfused norm reduce in the same order (fused vs unfused is then bit-exact; a split tile keeps that order)."""
+    the unfused norm reduce in the same order (fused vs unfused is then bit-exact), but for ``SPLIT_ROWS``: a split
+    keeps that order, and its rows are measured on the fused norms only, so the unquantized norm (what a compile
+    without the pass runs) keeps its one-program row until a sweep times it."""
     op = "add_rms_norm" if residual else "rms_norm"
-    if m <= SPLIT_MAX_M and g == 128 and not arch.triton_interpreting() and (op, k) in SPLIT_ROWS:
+    if quant and m <= SPLIT_MAX_M and g == 128 and not arch.triton_interpreting() and (op, k) in SPLIT_ROWS:
         return SPLIT_ROWS[(op, k)]
     measured = _measured(op, m, k, g)
     if measured is not None:

@@ -2,8 +2,9 @@
 
 ``rms_norm``, ``add_rms_norm``, ``rms_norm_group_quant`` and ``add_rms_norm_group_quant`` all launch
 ``_rms_norm_kernel``; constexpr flags pick the residual add and the quant. Sharing one kernel (and one tile
-choice, ``_tiles.row_tile``, independent of the flags) makes the fused norm and the unfused pair reduce in the
-same order, so they agree bit for bit; the DESIGN.md bound (one fp8 step on a small fraction) is then slack.
+choice, ``_tiles.row_tile``, independent of the flags but for split rows, which sum in the same order) makes the
+fused norm and the unfused pair reduce in the same order, so they agree bit for bit; the DESIGN.md bound (one fp8
+step on a small fraction) is then slack.
 
 Numerics (``reference.rms_norm``, HF ``Qwen3RMSNorm``):
   s    = (x + residual) rounded to x.dtype              (add variants; stored as residual_out)
@@ -282,7 +283,7 @@ def launch(
     r2 = _tiles.rows_of(residual) if residual is not None else x2
     quant = group_size is not None
     g = group_size if quant else COLUMN_BLOCK
-    tile = tile or _tiles.row_tile(m, k, g, residual is not None)
+    tile = tile or _tiles.row_tile(m, k, g, residual is not None, quant)
     dev = x.device
     y = x2 if quant else torch.empty((m, k), dtype=x.dtype, device=dev)  # unused pointers get x2
     res_out = torch.empty((m, k), dtype=x.dtype, device=dev) if residual is not None else x2
