@@ -274,7 +274,7 @@ def check_split(tile: Tile, k: int, g: int) -> None:
     """A split tile must be a one-pass, one-row tile whose groups divide into power-of-two slices."""
     groups = tile.gpc + tile.tail
     gps = groups // tile.split if tile.split > 0 else 0
-    if not (tile.one_pass and tile.block_m == 1 and tile.split > 1 and groups * tile.split > 0
+    if not (tile.one_pass and tile.block_m == 1 and tile.split > 1 and groups > 0
             and groups % tile.split == 0 and gps & (gps - 1) == 0 and groups * g >= k):
         raise ValueError(f"{tile}: a row split over programs needs a one-pass tile of one row whose "
                          f"{groups} groups divide into {tile.split} power-of-two slices (K={k}, G={g})")
