@@ -42,18 +42,14 @@ def log(msg: str) -> None:
     print(f"[sweep {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(n, 1).bit_length() - 1)
-
-
 def row_candidates(k: int) -> list[_tiles.Tile]:
     Tile = _tiles.Tile
     n_groups = k // G
-    main = _pow2_floor(n_groups)
-    tail = n_groups - main
-    if k > _tiles.MAX_ONE_PASS_K or (tail and tail & (tail - 1)):
+    one_pass = _tiles.one_pass_groups(k, G)
+    if one_pass is None:
         return [Tile(bm, gpc, w, one_pass=False) for bm in (1, 2, 4) for gpc in (4, 8, 16) for w in (4, 8)
                 if n_groups % gpc == 0 and 8 <= bm * gpc * G // (32 * w) <= 32]  # fmt: skip
+    main, tail = one_pass
     out = []
     for bm in (1, 2, 4, 8):
         for w in (1, 2, 4, 8, 16):
@@ -70,11 +66,11 @@ def row_candidates(k: int) -> list[_tiles.Tile]:
 def split_candidates(k: int) -> list[_tiles.Tile]:
     """One row over several programs (``_tiles.SPLIT_ROWS``, M <= ``SPLIT_MAX_M``): every split into power-of-two
     slices of 1-16 groups, at 2, 4 and 8 warps."""
-    n_groups = k // G
-    main = _pow2_floor(n_groups)
-    tail = n_groups - main
-    if k > _tiles.MAX_ONE_PASS_K or (tail and tail & (tail - 1)):
+    one_pass = _tiles.one_pass_groups(k, G)
+    if one_pass is None:
         return []
+    main, tail = one_pass
+    n_groups = main + tail
     splits = [n_groups // gps for gps in (1, 2, 4, 8, 16) if n_groups % gps == 0 and n_groups // gps > 1]
     return [_tiles.Tile(1, main, w, True, tail, split=s) for s in splits for w in (2, 4, 8)]
 

@@ -288,6 +288,17 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
+def one_pass_groups(k: int, g: int) -> tuple[int, int] | None:
+    """(main, tail) group counts when the one-pass norm keeps a row of K in registers: a power-of-two main part and
+    a tail that is 0 or a power of two (each a ``tl.arange``); None when the row takes the two-pass kernel."""
+    n_groups = triton.cdiv(k, g)
+    main = _pow2_floor(n_groups)
+    tail = n_groups - main
+    if k > MAX_ONE_PASS_K or (tail and tail & (tail - 1)):
+        return None
+    return main, tail
+
+
 def _warps(elements: int, per_thread: int = VALUES_PER_THREAD) -> int:
     return max(1, min(16, _pow2_floor(elements // (32 * per_thread))))  # Triton wants a power of two
 
@@ -365,12 +376,11 @@ def row_tile(m: int, k: int, g: int, residual: bool = False, quant: bool = True)
     measured = _measured(op, m, k, g)
     if measured is not None:
         return measured
-    n_groups = triton.cdiv(k, g)
-    main = _pow2_floor(n_groups)
-    tail = n_groups - main
     tile, target = _budget()
-    if k <= MAX_ONE_PASS_K and (tail == 0 or tail == _pow2_floor(tail)):
-        row = n_groups * g
+    one_pass = one_pass_groups(k, g)
+    if one_pass is not None:
+        main, tail = one_pass
+        row = (main + tail) * g
         if tile != TILE:  # interpreter: as many rows per block as fit, one block per program
             block_m = min(_pow2_floor(max(1, tile // row)), triton.next_power_of_2(m))
             return Tile(block_m, main, 4, one_pass=True, tail=tail)
@@ -378,6 +388,7 @@ def row_tile(m: int, k: int, g: int, residual: bool = False, quant: bool = True)
         block_m = min(block_m, triton.next_power_of_2(m))
         warps = max(1, min(16, _pow2_floor(block_m * main * g // (32 * VALUES_PER_THREAD))))
         return Tile(block_m, main, warps, one_pass=True, tail=tail, per_sm=MAX_PER_SM, prefetch=True)
+    n_groups = triton.cdiv(k, g)
     gpc = _group_chunk(n_groups, max(1, CHUNK // g))
     block_m = max(1, min(tile // TILE * 4, triton.next_power_of_2(m)))
     while block_m > 1 and triton.cdiv(m, block_m) < target:
