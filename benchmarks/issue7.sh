@@ -5,11 +5,14 @@
 #     OUT=$OUT bash benchmarks/issue7.sh 1    engine decode, Llama-3.1-8B and Qwen3-8B, with bf16 and prefill (~300 s)
 #     OUT=$OUT bash benchmarks/issue7.sh 2    engine decode, Qwen3-32B: batch 1 in 5 interleaved rounds, 8-64 (~200 s)
 #     OUT=$OUT bash benchmarks/issue7.sh 3    the fused-kernel and block-scale GEMM tables (~265 s)
-#     OUT=$OUT bash benchmarks/issue7.sh 4    HF form decode, Llama-3.1-8B (batch 1-64)
-#     OUT=$OUT bash benchmarks/issue7.sh 5    HF form decode, Qwen3-8B (batch 1-64)
+#     OUT=$OUT bash benchmarks/issue7.sh 4    HF form decode, Llama-3.1-8B, batch 1 and 8
+#     OUT=$OUT bash benchmarks/issue7.sh 5    HF form decode, Llama-3.1-8B, batch 32 and 64
+#     OUT=$OUT bash benchmarks/issue7.sh 6    HF form decode, Qwen3-8B, batch 1 and 8
+#     OUT=$OUT bash benchmarks/issue7.sh 7    HF form decode, Qwen3-8B, batch 32 and 64
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
-# Times: one H200, 2026-12-05 (parts 1-3 as separate commands; none yet run through this script, 4 and 5 never
-# as one call). The device's outputs come back per call: copy every part's files into one folder and run
+# Times: one H200, 2026-12-05 (parts 1-3 as separate commands; none yet run through this script). The HF form
+# compiles each of its layers per variant and batch (54-91 s a cell), so a model's four batches do not fit one
+# call: parts 4-7 take two batches each. The device's outputs come back per call: copy every part's files into one folder and run
 # `targets` there to see them in one table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,10 +26,12 @@ case "${1:-}" in
     2) "${decode[@]}" --presets qwen3-32b --forms engine --batches 1 --interleave 5 --json "$out/decode_engine_32b_b1.json" \
            && "${decode[@]}" --presets qwen3-32b --forms engine --batches 8,32,64 --json "$out/decode_engine_32b.json" ;;
     3) python benchmarks/fused_kernels.py --out "$out" && python benchmarks/gemm.py --ms 1,16,64 --json "$out/gemm.json" ;;
-    4) "${decode[@]}" --presets llama3.1-8b --forms hf --batches 1,8,32,64 --json "$out/decode_hf_llama.json" ;;
-    5) "${decode[@]}" --presets qwen3-8b --forms hf --batches 1,8,32,64 --json "$out/decode_hf_qwen3.json" ;;
+    4) "${decode[@]}" --presets llama3.1-8b --forms hf --batches 1,8 --json "$out/decode_hf_llama_b1_8.json" ;;
+    5) "${decode[@]}" --presets llama3.1-8b --forms hf --batches 32,64 --json "$out/decode_hf_llama_b32_64.json" ;;
+    6) "${decode[@]}" --presets qwen3-8b --forms hf --batches 1,8 --json "$out/decode_hf_qwen3_b1_8.json" ;;
+    7) "${decode[@]}" --presets qwen3-8b --forms hf --batches 32,64 --json "$out/decode_hf_qwen3_b32_64.json" ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
