@@ -9,6 +9,9 @@
 #     OUT=$OUT bash benchmarks/issue7.sh 5    HF form decode, Llama-3.1-8B, batch 32 and 64
 #     OUT=$OUT bash benchmarks/issue7.sh 6    HF form decode, Qwen3-8B, batch 1 and 8
 #     OUT=$OUT bash benchmarks/issue7.sh 7    HF form decode, Qwen3-8B, batch 32 and 64
+#     OUT=$OUT bash benchmarks/issue7.sh split  the decode row over several programs (_tiles.SPLIT_ROWS): its GPU
+#                                               test, its sweep, and Qwen3-32B at batch 1 with the sweep's rows and
+#                                               without, one after the other on one machine (~400 s)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands; none yet run through this script). The HF form
 # compiles each of its layers per variant and batch (54-91 s a cell), so a model's four batches do not fit one
@@ -30,8 +33,16 @@ case "${1:-}" in
     5) "${decode[@]}" --presets llama3.1-8b --forms hf --batches 32,64 --json "$out/decode_hf_llama_b32_64.json" ;;
     6) "${decode[@]}" --presets qwen3-8b --forms hf --batches 1,8 --json "$out/decode_hf_qwen3_b1_8.json" ;;
     7) "${decode[@]}" --presets qwen3-8b --forms hf --batches 32,64 --json "$out/decode_hf_qwen3_b32_64.json" ;;
+    split) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_elementwise.py -k split_rows \
+           && python benchmarks/fused_kernels.py --sweep --ms 1,4 --sizes 4096,5120,8192 \
+                  --ops rms_norm_group_quant,add_rms_norm_group_quant > "$out/split_sweep.txt" \
+           && tail -30 "$out/split_sweep.txt" \
+           && python benchmarks/with_tiles.py "$out/split_sweep.txt" "${decode[@]:1}" --presets qwen3-32b --forms engine \
+                  --batches 1 --interleave 5 --json "$out/split_decode_32b_b1_with.json" \
+           && "${decode[@]}" --presets qwen3-32b --forms engine --batches 1 --interleave 5 \
+                  --json "$out/split_decode_32b_b1_without.json" ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
