@@ -7,6 +7,8 @@ kernel tests ask for Triton explicitly.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 
 import pytest
@@ -36,3 +38,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "rocm" in item.keywords and not _is_rocm():
             item.add_marker(skip_rocm)
+
+
+def _fuzz_tallies(config) -> list[dict]:
+    """The fuzz tests' tallies (tests/fuzz/conftest.py): this process's, or one per pytest-xdist worker."""
+    return config.__dict__.setdefault("fp8_fuzz_tallies", [])
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a worker finished and sent what it tallied
+def pytest_testnodedown(node, error):
+    sent = getattr(node, "workeroutput", {}).get("fp8_fuzz")
+    if sent:
+        _fuzz_tallies(node.config).append(json.loads(sent))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    tallies = _fuzz_tallies(config)
+    if not tallies:
+        return
+    tally, reasons = collections.Counter(), collections.Counter()
+    for counts in tallies:
+        tally.update(counts["tally"])
+        reasons.update(counts["reasons"])
+    profile = tallies[0]["profile"]
+    terminalreporter.section(f"fp8 fuzz tally (profile {profile})")
+    for key, value in sorted(tally.items()):
+        terminalreporter.write_line(f"{key}: {value}")
+    terminalreporter.write_line(f"rejection reasons seen: {dict(sorted(reasons.items()))}")
+    path = os.environ.get("FP8_FUZZ_STATS")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"profile": profile, "tally": dict(tally), "reasons": dict(reasons)}, f, indent=2)

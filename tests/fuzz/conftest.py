@@ -11,13 +11,13 @@ Registered here, applied per test through ``fuzz_stats.profile()``.
     FP8_FUZZ_PROFILE=long pytest tests/fuzz -q -p no:cacheprovider
 
 The tally (graphs compiled, inputs run through both graphs, fusions applied, rejection reasons seen) is printed
-at the end of the session and, with ``FP8_FUZZ_STATS=path``, written there as JSON.
+at the end of the session (by tests/conftest.py, which also sums the workers' under pytest-xdist) and, with
+``FP8_FUZZ_STATS=path``, written there as JSON.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 from fuzz_stats import PROFILE, REASONS, TALLY
 from hypothesis import HealthCheck, Phase, settings
@@ -35,14 +35,14 @@ settings.register_profile("long", max_examples=200, **_COMMON)
 # tests take their profile explicitly (fuzz_stats.profile()).
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
+def pytest_sessionfinish(session):
+    """Hand the tally to the summary that tests/conftest.py prints: in this process, or, under pytest-xdist (CI runs
+    ``-n 2``), from each worker to the controller, which sums them (its ``pytest_testnodedown``)."""
     if not TALLY:
         return
-    terminalreporter.section(f"fp8 fuzz tally (profile {PROFILE})")
-    for key, value in sorted(TALLY.items()):
-        terminalreporter.write_line(f"{key}: {value}")
-    terminalreporter.write_line(f"rejection reasons seen: {dict(sorted(REASONS.items()))}")
-    path = os.environ.get("FP8_FUZZ_STATS")
-    if path:
-        with open(path, "w") as f:
-            json.dump({"profile": PROFILE, "tally": dict(TALLY), "reasons": dict(REASONS)}, f, indent=2)
+    counts = {"profile": PROFILE, "tally": dict(TALLY), "reasons": dict(REASONS)}
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fp8_fuzz"] = json.dumps(counts)
+    else:
+        session.config.__dict__.setdefault("fp8_fuzz_tallies", []).append(counts)
