@@ -15,8 +15,8 @@
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands; none yet run through this script). The HF form
 # compiles each of its layers per variant and batch (54-91 s a cell), so a model's four batches do not fit one
-# call: parts 4-7 take two batches each. The device's outputs come back per call: copy every part's files into one folder and run
-# `targets` there to see them in one table.
+# call: parts 4-7 take two batches each. The device's outputs come back per call: copy every part's files into
+# one folder and run `targets` there to see them in one table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -37,8 +37,9 @@ case "${1:-}" in
            && python benchmarks/fused_kernels.py --sweep --ms 1,4 --sizes 4096,5120,8192 \
                   --ops rms_norm_group_quant,add_rms_norm_group_quant > "$out/split_sweep.txt" \
            && tail -30 "$out/split_sweep.txt" \
-           && python benchmarks/with_tiles.py "$out/split_sweep.txt" "${decode[@]:1}" --presets qwen3-32b --forms engine \
-                  --batches 1 --interleave 5 --json "$out/split_decode_32b_b1_with.json" \
+           && python benchmarks/with_tiles.py --tables SPLIT_ROWS "$out/split_sweep.txt" "${decode[@]:1}" \
+                  --presets qwen3-32b --forms engine --batches 1 --interleave 5 \
+                  --json "$out/split_decode_32b_b1_with.json" \
            && "${decode[@]}" --presets qwen3-32b --forms engine --batches 1 --interleave 5 \
                   --json "$out/split_decode_32b_b1_without.json" ;;
     targets) ;;

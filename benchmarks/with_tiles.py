@@ -1,17 +1,18 @@
 """Run a benchmark with the tile tables a sweep printed, before they are pasted into ``_tiles.py``.
 
-    python benchmarks/with_tiles.py SWEEP_LOG benchmarks/decode.py --presets qwen3-32b --batches 1 ...
+    python benchmarks/with_tiles.py [--tables SPLIT_ROWS] SWEEP_LOG benchmarks/decode.py --presets qwen3-32b ...
 
 ``SWEEP_LOG`` is the output of ``benchmarks/fused_kernels.py --sweep``: its ``MEASURED = {...}`` and
-``SPLIT_ROWS = {...}`` blocks (either may be absent) are read, without running them, and put into
-``fp8_fusion_pass.kernels.triton._tiles`` over the committed entries; then the script runs with the arguments that
-follow, in this process. The launchers choose their tiles when they launch (also while a CUDA graph is captured),
-so the script's kernels use the sweep's tiles: the same script run plainly on the same machine is the comparison
-(``benchmarks/issue7.sh split`` runs both for Qwen3-32B at batch 1).
+``SPLIT_ROWS = {...}`` blocks (either may be absent; ``--tables`` picks, default both) are read, without running
+them, and put into ``fp8_fusion_pass.kernels.triton._tiles`` over the committed entries; then the script runs with
+the arguments that follow, in this process. The launchers choose their tiles when they launch (also while a CUDA
+graph is captured), so the script's kernels use the sweep's tiles: the same script run plainly on the same
+machine is the comparison (``benchmarks/issue7.sh split`` runs both for Qwen3-32B at batch 1).
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import runpy
@@ -54,25 +55,28 @@ def apply(tables: dict[str, dict]) -> None:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    log, script, *args = argv
-    with open(log) as f:
-        tables = read_tables(f.read())
-    for name in TABLES:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tables", default=",".join(TABLES), help=f"which of {', '.join(TABLES)} to apply")
+    p.add_argument("log", metavar="SWEEP_LOG")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    names = [n for n in args.tables.split(",") if n]
+    if not names or set(names) - set(TABLES):
+        p.error(f"--tables takes {', '.join(TABLES)}; got {args.tables!r}")
+    with open(args.log) as f:
+        tables = {name: entries for name, entries in read_tables(f.read()).items() if name in names}
+    for name in names:
         entries = tables.get(name, {})
-        print(f"[with_tiles] {name}: {len(entries)} entries from {log}"
+        print(f"[with_tiles] {name}: {len(entries)} entries from {args.log}"
               + "".join(f"\n    {k}: {t}" for k, t in entries.items()), file=sys.stderr, flush=True)
     if not any(tables.values()):
-        print(f"[with_tiles] {log} has no table entries: nothing to try", file=sys.stderr)
+        print(f"[with_tiles] {args.log} has no {' / '.join(names)} entries: nothing to try", file=sys.stderr)
         return 3
     apply(tables)
-    sys.argv = [script, *args]
-    runpy.run_path(script, run_name="__main__")
+    sys.argv = [args.script, *args.args]
+    runpy.run_path(args.script, run_name="__main__")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -84,6 +84,21 @@ def test_the_script_runs_with_the_tables_applied(tmp_path, restore_tables):
     assert seen.read_text() == repr(S10)
 
 
+def test_tables_picks_which_blocks_apply(tmp_path, restore_tables):
+    op = "add_rms_norm_group_quant"
+    rows = [_row(op, 5120, 1, {ONE: 2.0, S5: 1.5}), _row(op, 5120, 2048, {ONE: 9.0, WIDE: 7.0})]
+    log = tmp_path / "sweep.txt"
+    log.write_text(_sweep_output(rows))
+    seen, script = tmp_path / "seen.txt", tmp_path / "script.py"
+    script.write_text("import sys\nfrom fp8_fusion_pass.kernels.triton import _tiles\n"
+                      "open(sys.argv[1], 'w').write(repr(_tiles.MEASURED.get(('add_rms_norm', 5120, 'large'))))\n")
+    assert with_tiles.main(["--tables", "SPLIT_ROWS", str(log), str(script), str(seen)]) == 0
+    assert seen.read_text() != repr(WIDE)  # the sweep's MEASURED block left out
+    assert _tiles.SPLIT_ROWS[("add_rms_norm", 5120)] == S5
+    with pytest.raises(SystemExit):
+        with_tiles.main(["--tables", "MEASURD", str(log), str(script)])
+
+
 def test_a_log_without_entries_runs_nothing(tmp_path, restore_tables):
     log = tmp_path / "sweep.txt"
     log.write_text("no tables here\n")
