@@ -11,15 +11,12 @@ read is launch-bound (at most ``MAX_COPIES`` copies, so tiny buffers stay in L2,
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
-from _timing import time_graph
+from _timing import rotating_copies, time_graph
 
 SMS = 132  # H200
-ROTATE_BYTES = 150e6
 MAX_COPIES = 256
 WORD = 4  # bytes per int32 word
 # (programs per SM, block): launch_floor.py's winners (8 / SM from 4 MB up, 2 / SM at 1 MB) and 1 / SM below.
@@ -60,7 +57,7 @@ class ReadFloor:
     def us(self, nbytes: int) -> float:
         words = max(1, -(-int(nbytes) // WORD))
         if words not in self.cache:
-            copies = 2 if self.dry_run else max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / (words * WORD))))
+            copies = rotating_copies(words * WORD, self.dry_run, most=MAX_COPIES)
             bufs = [torch.ones(words, dtype=torch.int32, device=self.device) for _ in range(copies)]
             self.cache[words] = min(time_graph(read_call(bufs, self.out, SMS * k, block), copies, self.dry_run)
                                     for k, block in self.launches)  # fmt: skip

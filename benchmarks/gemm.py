@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -49,7 +48,7 @@ import _gemm_sweep as sweep
 import _script
 import triton
 from _read_floor import ReadFloor
-from _timing import copy_bandwidth, time_graph
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
@@ -90,7 +89,6 @@ SHAPES = [
 ]
 QUICK_SHAPES = [SHAPES[0], SHAPES[9]]
 DEVICE = "cuda"  # "cpu" under --dry-run
-ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 rounding is ~1e-3
 REPEATS = 3  # extra calls that must reproduce a "last" split-K output bit for bit
 # The GEMV (M <= 4): rows per program x K per load step x the K loop's stages; 4 warps.
@@ -118,8 +116,8 @@ class Shape:
     def __init__(self, n: int, k: int):
         self.n, self.k = n, k
         fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
-        self.copies = max(2, math.ceil(ROTATE_BYTES / (n * k)))
-        self.bf16_copies = max(2, math.ceil(ROTATE_BYTES / (2 * n * k)))
+        self.copies = rotating_copies(n * k, DEVICE == "cpu")
+        self.bf16_copies = rotating_copies(2 * n * k, DEVICE == "cpu")
         self.w_bf16 = [torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.05 for _ in range(self.bf16_copies)]
         self.w8 = [ref.quantize_weight_blockwise(self.w_bf16[i % self.bf16_copies], (128, 128), fp8, fp8_max)
                    for i in range(self.copies)]  # fmt: skip

@@ -33,7 +33,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-from _timing import copy_bandwidth, time_graph
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
@@ -71,7 +71,6 @@ GEMV_FAMILIES = [(2, 1024, 4, 1), (4, 1024, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 
 GEMV_WIDE_FAMILIES = [(r, c, w, s) for r in (2, 4, 8) for c in (512, 1024, 2048) for w in (2, 4) for s in (1, 3)
                       if 16 <= 2 * r * c // (32 * w) <= 128]  # fmt: skip
 DEVICE = "cuda"  # "cpu" under --dry-run
-ROTATE_BYTES = 150e6
 CHECK_REL_ERR = 2e-2  # of the dequantized output; a wrong kernel is off by > 0.3, one fp8 step is ~6%, rarely
 REPEATS = 3
 MARGIN = 0.02  # fused must beat the unfused pair by more than this to get a TABLE row (run-to-run noise ~2%)
@@ -98,7 +97,7 @@ class Shape:
     def __init__(self, i: int, k: int):
         self.i, self.k = i, k
         fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
-        self.copies = max(2, math.ceil(ROTATE_BYTES / (2 * i * k)))
+        self.copies = rotating_copies(2 * i * k, DEVICE == "cpu")
         w = torch.randn(2 * i, k, device=DEVICE, dtype=torch.bfloat16) * 0.05
         self.w8 = [ref.quantize_weight_blockwise(w.roll(c, 0), (128, 128), fp8, fp8_max) for c in range(self.copies)]
 

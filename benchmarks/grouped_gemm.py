@@ -20,7 +20,6 @@ Timing as ``benchmarks/gemm.py``: CUDA-graph replays cycling weight copies beyon
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-from _timing import copy_bandwidth, time_graph
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 
 from fp8_fusion_pass import arch
@@ -46,7 +45,6 @@ SHAPES = [("qwen3-8b q|k|v", [4096, 1024, 1024], 4096), ("qwen3-8b gate|up", [12
           ("llama3.1-8b q|k|v", [4096, 1024, 1024], 4096), ("llama3.1-8b gate|up", [14336, 14336], 4096),
           ("qwen3-32b q|k|v", [8192, 1024, 1024], 5120), ("qwen3-32b gate|up", [25600, 25600], 5120)]  # fmt: skip
 DEVICE = "cuda"  # "cpu" under --dry-run
-ROTATE_BYTES = 150e6
 G = 128
 
 
@@ -57,7 +55,7 @@ def log(msg: str) -> None:
 def run_point(name: str, ns: list[int], k: int, m: int, bw: float, a: arch.Arch) -> dict:
     fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
     n = sum(ns)
-    copies = max(2, math.ceil(ROTATE_BYTES / (n * k)))
+    copies = rotating_copies(n * k, DEVICE == "cpu")
     merged = [ref.quantize_weight_blockwise(torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.05,
                                             (128, 128), fp8, fp8_max) for _ in range(copies)]  # fmt: skip
     starts = [sum(ns[:i]) for i in range(len(ns))]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -28,8 +27,8 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton
-from _read_floor import ROTATE_BYTES, SMS, read_call
-from _timing import copy_bandwidth, time_graph
+from _read_floor import SMS, read_call
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 
 # 1 MB, then the decode GEMMs' weights: Qwen3-8B k|v, o, qkv, Llama-3.1-8B down, gate_up, Qwen3-32B gate_up
@@ -59,7 +58,7 @@ def main(argv=None) -> int:
     sizes = (1,) if args.dry_run else SIZES_MB
     for mb in sizes:
         nbytes = int(mb * 1e6) // 4096 * 4096
-        copies = 2 if args.dry_run else max(2, math.ceil(ROTATE_BYTES / nbytes))
+        copies = rotating_copies(nbytes, args.dry_run)
         bufs = [torch.ones(nbytes // 4, dtype=torch.int32, device=dev) for _ in range(copies)]
         best = None
         for k in ((1,) if args.dry_run else (1, 2, 4, 8)):

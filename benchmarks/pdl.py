@@ -22,7 +22,6 @@ the fp8 weight bytes (+ scales) over the copy bandwidth measured in the same run
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 
 import _script
 import triton
-from _timing import copy_bandwidth, time_graph
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 
 from fp8_fusion_pass import arch
@@ -56,7 +55,6 @@ SHAPES = [
 DRY_SHAPES = [("tiny", 128, 256, "norm"), ("tiny down", 128, 512, "silu")]
 MS = (1, 16, 64)
 VARIANTS = {"off": (False, True), "pdl": (True, True), "pdl, no prefetch": (True, False)}  # _pdl.switched args
-ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 EPS = 1e-6
 DEVICE = "cuda"  # "cpu" under --dry-run
 
@@ -79,7 +77,7 @@ class Point:
 
     def __init__(self, n: int, k: int, producer: str, m: int, cfg: SmallMConfig, dry_run: bool):
         fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
-        self.copies = 2 if dry_run else max(2, math.ceil(ROTATE_BYTES / (n * k)))
+        self.copies = rotating_copies(n * k, dry_run)
         self.w8 = [ref.quantize_weight_blockwise(torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.05,
                                                  (128, 128), fp8, fp8_max) for _ in range(self.copies)]  # fmt: skip
         self.cfg = cfg

@@ -20,7 +20,6 @@ A TABLE row names the best fused config (of "fused" and the sweep) where it beat
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-from _timing import copy_bandwidth, time_graph
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 
 from fp8_fusion_pass import arch
@@ -45,7 +44,6 @@ from fp8_fusion_pass.kernels.triton.group_quant import group_quant
 SHAPES = [("qwen3-8b / llama3.1-8b o", 4096, 4096), ("qwen3-32b o", 5120, 8192), ("qwen3-8b qkv", 6144, 4096),
           ("llama3.1-8b down", 4096, 14336)]  # fmt: skip
 DEVICE = "cuda"  # "cpu" under --dry-run
-ROTATE_BYTES = 150e6
 MARGIN = 0.02  # the fused launch must beat the pair by more than this (run-to-run noise ~2%)
 G = 128
 # --sweep: (rows, k_chunk, warps, stages). More rows per program quantize the activation fewer times in all;
@@ -71,7 +69,7 @@ def sweep(x, ws, copies: int) -> dict[GemvConfig, float | str]:
 def run_point(name: str, n: int, k: int, m: int, bw: float, a: arch.Arch,
               with_sweep: bool = False) -> tuple[dict, str | None]:  # fmt: skip
     fp8, fp8_max = arch.fp8_dtype(DEVICE), arch.fp8_max(DEVICE)
-    copies = max(2, math.ceil(ROTATE_BYTES / (n * k)))
+    copies = rotating_copies(n * k, DEVICE == "cpu")
     ws = [ref.quantize_weight_blockwise(torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.05, (128, 128),
                                         fp8, fp8_max) for _ in range(copies)]  # fmt: skip
     x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)

@@ -48,7 +48,7 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
 import _plot
 import _script
 from _read_floor import ReadFloor
-from _timing import copy_bandwidth, time_graph
+from _timing import copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
 
 from fp8_fusion_pass.kernels import reference as ref
@@ -68,7 +68,6 @@ MS = (8192, 2048, 256, 64, 16, 1)  # largest first: Inductor autotunes on its fi
 D = 128
 T = 8192  # cache positions
 EPS = 1e-6
-ROTATE_BYTES = 150e6
 MAX_COPIES = 64
 ROOFLINE_TARGET, PEER_TARGET = 1.25, 1.0  # issue 7
 # (rows per program, warps): 2-16 values per thread at D = 128, around the reasoned (4, 4)
@@ -101,7 +100,7 @@ class Case:
         self.wq, self.wk = weights if op in NORM_OPS else (None, None)
         width = (hq + 2 * hk) * D
         in_bytes = m * width * 2 + 2 * m * D * 2  # qkv + cos + sin
-        self.copies = max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / in_bytes)))
+        self.copies = rotating_copies(in_bytes, DEVICE == "cpu", least=1, most=MAX_COPIES)
         pos = torch.arange(m, device=DEVICE)
         freqs = (100 + pos[:, None].float()) / (1e6 ** (torch.arange(0, D, 2, device=DEVICE).float() / D))
         emb = torch.cat([freqs, freqs], -1)[None]

@@ -1,4 +1,5 @@
-"""Test-wide setup: the Triton CPU interpreter on machines without a GPU, and the gpu / rocm markers.
+"""Test-wide setup: the Triton CPU interpreter on machines without a GPU (quickened: benchmarks/_quick_interpreter.py),
+and the gpu / rocm markers.
 
 TRITON_INTERPRET must be set before triton is first imported (``triton.jit`` reads it when a kernel is
 defined), so it is set here, at collection time. On the CPU the automatic backend stays the reference;
@@ -10,12 +11,19 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sys
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import _quick_interpreter
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _quick_interpreter.quicken()  # the kernel tests spend a third of their time in a walk it caches
 
 
 def pytest_sessionstart(session):

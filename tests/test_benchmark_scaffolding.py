@@ -56,3 +56,13 @@ def test_provenance_names_the_script_that_measured():
 
 def test_versions_name_device_torch_and_triton():
     assert _script.versions("cpu") == f"cpu (dry run); torch {torch.__version__}; Triton {_script.triton.__version__}"
+
+
+def test_rotating_copies_exceed_the_l2_rotation_within_their_bounds():
+    from _timing import ROTATE_BYTES, rotating_copies
+
+    assert rotating_copies(ROTATE_BYTES / 10) == 10 and rotating_copies(ROTATE_BYTES / 10 - 1) == 11
+    assert rotating_copies(4 * ROTATE_BYTES) == 2 and rotating_copies(4 * ROTATE_BYTES, least=1) == 1
+    assert rotating_copies(1000, most=64) == 64 and rotating_copies(0, least=1, most=64) == 64
+    # a dry run times nothing: the fewest copies, however small the inputs
+    assert rotating_copies(1000, dry_run=True) == 2 and rotating_copies(1000, dry_run=True, least=1) == 1
