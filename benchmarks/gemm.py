@@ -90,7 +90,7 @@ SHAPES = [
 QUICK_SHAPES = [SHAPES[0], SHAPES[9]]
 DEVICE = "cuda"  # "cpu" under --dry-run
 CHECK_REL_ERR = 1e-2  # a wrong kernel is off by > 0.3 (K/128 % 4 on v1); bf16 rounding is ~1e-3
-REPEATS = 3  # extra calls that must reproduce a "last" split-K output bit for bit
+REPEATS = 3  # extra calls that must reproduce a "last" split-K output bit for bit (1 on a dry run: no races there)
 # The GEMV (M <= 4): rows per program x K per load step x the K loop's stages; 4 warps.
 SWEEP_GEMV = [GemvConfig(r, c, 4, s) for r in (2, 4, 8) for c in (512, 1024) for s in (1, 3)]
 # --gemv-wide: also 16 rows, 256 / 2048-value chunks and 2 / 8 warps, where a thread holds 8-128 weight values
@@ -142,7 +142,7 @@ def timed(what: str, call, want, copies: int, repeatable: bool = False) -> float
     bitwise repeatable where it must be) or "n/a" (cannot run the shape)."""
     try:
         y = call(0)
-        again = [call(0) for _ in range(REPEATS if repeatable else 0)]
+        again = [call(0) for _ in range((REPEATS if DEVICE == "cuda" else 1) if repeatable else 0)]
     except (ValueError, RuntimeError, OutOfResources, CompilationError) as e:  # a shape or config it cannot run
         log(f"  {what}: n/a ({str(e).splitlines()[0][:100]})")
         return "n/a"
