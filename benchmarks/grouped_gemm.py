@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     ms, shapes = [int(v) for v in args.ms.split(",")], SHAPES
     if args.dry_run:
         ms, shapes = [1], [("tiny q|k|v", [256, 128, 128], 256)]
-        bm.TABLE[(a.name, 1, 512, 256)] = bm.Choice("gemv", GemvConfig(4, 256, 4, 1))  # this process only
+        # this process only; 16 rows a program: 32 programs, each ~25 ms of Python under the interpreter
+        bm.TABLE[(a.name, 1, 512, 256)] = bm.Choice("gemv", GemvConfig(16, 256, 4, 1))
         bm.SMALL_M_BEST[(a.name, 1, 512, 256)] = SmallMConfig(64, 1, 4, 2, "last")
     bw = copy_bandwidth(args.dry_run)
     log(_script.setup_line(DEVICE, a.name, bw))

@@ -24,7 +24,7 @@ BF16, FP32 = torch.bfloat16, torch.float32
     "m, n, k, config",
     [
         (1, 256, 512, GemvConfig(4, 256)),
-        (2, 200, 640, GemvConfig(2, 512)),  # N not a multiple of 128; K not a multiple of the step
+        (2, 200, 640, GemvConfig(8, 512)),  # N not a multiple of 128; K not a multiple of the step
         (3, 130, 384, GemvConfig(8, 128)),  # N not a multiple of the rows: the last program is partial
         (4, 64, 1024, GemvConfig(1, 1024, 2, 3)),
     ],
@@ -38,11 +38,11 @@ def test_gemv_matches_oracle(m, n, k, config, out_dtype):
 def test_dispatch_runs_a_gemv_table_row_and_falls_back_where_it_cannot(monkeypatch):
     a = arch.arch_of("cpu")
     q, xs, w, s = make_inputs(2, 256, 512)
-    monkeypatch.setitem(bm.TABLE, (a.name, 4, 256, 512), bm.Choice("gemv", GemvConfig(4, 256)))
-    assert bm.plan_for(q, xs, w, s, BF16) == bm.Choice("gemv", GemvConfig(4, 256))
-    assert torch.equal(bm.blockscale_mm(q, xs, w, s, BF16), gemv_mm(q, xs, w, s, BF16, GemvConfig(4, 256)))
+    monkeypatch.setitem(bm.TABLE, (a.name, 4, 256, 512), bm.Choice("gemv", GemvConfig(16, 256)))
+    assert bm.plan_for(q, xs, w, s, BF16) == bm.Choice("gemv", GemvConfig(16, 256))
+    assert torch.equal(bm.blockscale_mm(q, xs, w, s, BF16), gemv_mm(q, xs, w, s, BF16, GemvConfig(16, 256)))
     # M above the GEMV's rows (bucket 16 has no row: the default), and a row naming the GEMV for M = 5
-    monkeypatch.setitem(bm.TABLE, (a.name, 16, 256, 512), bm.Choice("gemv", GemvConfig(4, 256)))
+    monkeypatch.setitem(bm.TABLE, (a.name, 16, 256, 512), bm.Choice("gemv", GemvConfig(16, 256)))
     q5, xs5, _, _ = make_inputs(5, 256, 512)
     assert bm.plan_for(q5, xs5, w, s, BF16).path != "gemv"
     assert_close(bm.blockscale_mm(q5, xs5, w, s, BF16), oracle(q5, xs5, w, s).to(BF16), BF16)
@@ -76,11 +76,11 @@ def test_grouped_launch_runs_the_gemv_where_the_merged_plan_is_the_gemv(monkeypa
     q, xs, w, s = make_inputs(1, 256, 512)
     ws, ss = [w[:128], w[128:]], [s[:1], s[1:]]
     best = SmallMConfig(64, 2, 4, 2, "last")
-    monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(4, 256)))
+    monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(16, 256)))
     monkeypatch.setitem(bm.SMALL_M_BEST, (a.name, 1, 256, 512), best)
-    assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.Choice("gemv", GemvConfig(4, 256))
+    assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.Choice("gemv", GemvConfig(16, 256))
     assert torch.equal(bmg.blockscale_mm_grouped(q, xs, ws, ss, BF16),
-                       torch.cat([gemv_mm(q, xs, wi, si, BF16, GemvConfig(4, 256)) for wi, si in zip(ws, ss)], -1))
+                       torch.cat([gemv_mm(q, xs, wi, si, BF16, GemvConfig(16, 256)) for wi, si in zip(ws, ss)], -1))
     # a program's rows would straddle the two weights (256 rows per program, 128 in the first): the small-M config
     monkeypatch.setitem(bm.TABLE, (a.name, 1, 256, 512), bm.Choice("gemv", GemvConfig(256, 256)))
     assert bmg.grouped_choice(q, xs, ws, ss, BF16) == bm.Choice("small_m", best)
@@ -88,7 +88,7 @@ def test_grouped_launch_runs_the_gemv_where_the_merged_plan_is_the_gemv(monkeypa
     assert bmg.grouped_choice(q, xs, ws, ss, BF16) is None
 
 
-@pytest.mark.parametrize("ns, config", [((256, 128, 128), GemvConfig(4, 256)),  # q / k / v
+@pytest.mark.parametrize("ns, config", [((256, 128, 128), GemvConfig(16, 256)),  # q / k / v, 32 programs
                                         ((128, 200), GemvConfig(8, 512, 2, 1)),  # the last weight's rows partial
                                         ((64, 64, 72), GemvConfig(64, 128))])  # one program per weight
 @pytest.mark.parametrize("m", [1, 3])
