@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 
-# The original's body, as Triton 3.4-3.9 write it (3.4-3.5 without the scope argument).
+# The original's body: Triton 3.9's, and older releases' that take no patch scope (read in the Triton sources).
 _EXPECTED = ("inspect.getmembers(pkg)", "is_builtin(member)", "_patch_attr(pkg, name, member")
 
 
