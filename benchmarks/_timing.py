@@ -18,7 +18,7 @@ ROTATE_BYTES = 150e6  # 3x the H200's 50 MB L2
 def rotating_copies(nbytes: float, dry_run: bool = False, least: int = 2, most: int | None = None) -> int:
     """How many copies of a call's inputs (``nbytes`` each) a timing loop cycles through: enough to exceed
     ``ROTATE_BYTES``, so each call reads them from HBM as a decode step does, within [``least``, ``most``];
-    ``least`` on a dry run, whose times mean nothing (hundreds of quantized weight copies cost a CPU seconds)."""
+    ``least`` on a dry run, whose times mean nothing (hundreds of quantized weight copies take seconds on a CPU)."""
     if dry_run:
         return least
     copies = max(least, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
