@@ -19,7 +19,7 @@ import runpy
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from fp8_fusion_pass.kernels.triton import _tiles  # noqa: E402
+from fp8_fusion_pass.kernels.triton import _tiles
 
 TABLES = ("MEASURED", "SPLIT_ROWS")
 
@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     sys.argv = [args.script, *args.args]
     runpy.run_path(args.script, run_name="__main__")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
