@@ -11,9 +11,10 @@
 #     OUT=$OUT bash benchmarks/issue7.sh 7    HF form decode, Qwen3-8B, batch 32 and 64
 #     OUT=$OUT bash benchmarks/issue7.sh split  the decode row over several programs (_tiles.SPLIT_ROWS): its GPU
 #                                               test, its sweep, and Qwen3-32B at batch 1 with the sweep's rows and
-#                                               without, one after the other on one machine (~400 s)
+#                                               without, one after the other on one machine (238 s)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
-# Times: one H200, 2026-12-05 (parts 1-3 as separate commands; none yet run through this script). The HF form
+# Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
+# 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session). The HF form
 # compiles each of its layers per variant and batch (54-91 s a cell), so a model's four batches do not fit one
 # call: parts 4-7 take two batches each. The device's outputs come back per call: copy every part's files into
 # one folder and run `targets` there to see them in one table.
