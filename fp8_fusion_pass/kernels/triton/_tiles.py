@@ -264,8 +264,11 @@ MEASURED: dict[tuple[str, int, str], Tile] = {
 # warps, K = 5120 with the residual) 912 instructions for the one-pass program, 487 / 424 split 5 / 10 ways.
 # Predicted 0.2-0.3 us less per launch at K = 4096-8192, two launches per decoder layer (Qwen3-32B at batch 1:
 # ~30 us a step, where 1.10x lacked 7 us on 2026-12-05). Built 2026-12-05 and checked on the CPU (bit for bit
-# the one-pass program) and offline for sm_90; not yet timed, so the table is empty: ``benchmarks/fused_kernels.py
-# --sweep --ms 1,4`` times the split tiles and prints the rows to paste. (op, K) -> Tile, for M <= SPLIT_MAX_M.
+# the one-pass program) and offline for sm_90. Timed on the H200 (2026-12-05, docs/benchmarks.md, "A decode row
+# over several programs"): 3-22% off the fused norm launch at 8 of 12 points, but Qwen3-32B's decode step at batch 1
+# was 9.242 ms with the sweep's 4 rows against 9.234 ms without (1.101x / 1.102x): the per-launch gain does not
+# reach the step, so the table stays empty. ``benchmarks/fused_kernels.py --sweep --ms 1,4`` times the split tiles
+# and prints the rows to paste for another GPU. (op, K) -> Tile, for M <= SPLIT_MAX_M.
 SPLIT_MAX_M = 4
 SPLIT_ROWS: dict[tuple[str, int], Tile] = {}
 
