@@ -1,5 +1,5 @@
-"""Test-wide setup: the Triton CPU interpreter on machines without a GPU (quickened: benchmarks/_quick_interpreter.py),
-and the gpu / rocm markers.
+"""Test-wide setup: the Triton CPU interpreter on machines without a GPU (quickened: benchmarks/_quick_interpreter.py)
+and Inductor's CPU code without SIMD there, and the gpu / rocm markers.
 
 TRITON_INTERPRET must be set before triton is first imported (``triton.jit`` reads it when a kernel is
 defined), so it is set here, at collection time. On the CPU the automatic backend stays the reference;
