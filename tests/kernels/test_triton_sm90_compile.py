@@ -181,12 +181,13 @@ SCRIPT = textwrap.dedent(
     for groups in (1, 3):
         c = dict(ROWS=4, K_CHUNK=2048, BLOCK_M=1, SCALE_BLOCK=128, QUANT_A=False, GROUPS=groups, **FP8)
         out[f"gemv rows=4 k_chunk=2048 warps=2 groups={groups}"] = build(gv._gemv_kernel, GEMV, c, 2)
-    # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket), and
-    # rows = G (each program quantizes its own group). That one at a 128-column chunk: at 512, its two [128, 512]
-    # weight tiles (no TABLE row uses them) had not compiled after 6 (Triton 3.9) / 8 (3.8) minutes of a CPU core
+    # the GEMV with the SiLU-and-mul and group quant in its epilogue: a group over 16 programs (the ticket) at four
+    # activation rows, and rows = G (each program quantizes its own group) at one. That one at a 128-column chunk:
+    # at 512, its two [128, 512] weight tiles (no TABLE row uses them) had not compiled after 6 (Triton 3.9) / 8
+    # (3.8) minutes of a CPU core; at 4 activation rows it took 52 s (Triton 3.9, ptxas half of it), at one 8.5 s
     from fp8_fusion_pass.kernels.triton import _gemv_silu_kernels as gvs
     GSILU = {n: SILU[n] for n in SILU if n not in ("p_ptr", "k_tiles_per_split")}
-    for rows, block_m, k_chunk in ((8, 1, 512), (128, 4, 128)):
+    for rows, block_m, k_chunk in ((8, 4, 512), (128, 1, 128)):
         c = dict(OUT_DTYPE=tl.bfloat16, G=128, GROUP_TILES=max(1, 128 // rows), ROWS=rows, K_CHUNK=k_chunk,
                  BLOCK_M=block_m, SCALE_BLOCK=128, **FP8)
         out[f"gemv_silu rows={rows} block_m={block_m}"] = build(gvs._gemv_silu_quant_kernel, GSILU, c, 4)

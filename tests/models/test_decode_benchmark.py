@@ -19,24 +19,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
-@pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
+def _dry_run(tmp_path_factory, *args: str) -> tuple[dict, str, str]:
+    """``decode.py --dry-run`` on a 2-layer tiny Qwen3 at batch 1 and an 8-token prefill: (its JSON, stdout, stderr)."""
+    out = str(tmp_path_factory.mktemp("json") / "d.json")
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"), "--dry-run", "--presets", "qwen3-tiny",
-           "--forms", "engine,hf", "--batches", "1", "--context", "16", "--prefill", "8", "--steps", "1",
-           "--layers", "2", "--no-bf16", "--also=-norm_rope", "--json", str(tmp_path_factory.mktemp("json") / "d.json")]
+           "--batches", "1", "--context", "16", "--prefill", "8", "--steps", "1", "--layers", "2", "--no-bf16",
+           "--json", out, *args]
     # A fresh Inductor cache: graphs served from an earlier run's cache skip the pass, and its counts with it.
     env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    with open(cmd[-1]) as f:
+    with open(out) as f:
         cells = json.load(f)
     assert cells["device"] == "CPU (dry run)" and "--dry-run" in cells["argv"]
-    # every cell the table shows: 2 forms x (block, block+pass, block+pass-norm_rope) x (batch 1, the prefill)
-    assert len(cells["rows"]) == 12 and all(r["preset"] == "qwen3-tiny" for r in cells["rows"]), cells["rows"]
-    return res.stdout
+    assert all(r["preset"] == "qwen3-tiny" for r in cells["rows"]), cells["rows"]
+    return cells, res.stdout, res.stderr
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """Both forms, each timing path once: the engine form with ``--interleave 3`` and one more variant
+    (``--also=-norm_rope``), the HF form one variant after the other (the path of ``issue7.sh 1``). The stdout of
+    both, then the engine run's stderr."""
+    engine, engine_out, engine_err = _dry_run(tmp_path_factory, "--forms", "engine", "--interleave", "3",
+                                              "--also=-norm_rope")
+    hf, hf_out, _ = _dry_run(tmp_path_factory, "--forms", "hf")
+    # every cell the tables show: engine (block, block+pass, block+pass-norm_rope), HF (block, block+pass), each at
+    # batch 1 and the prefill
+    assert len(engine["rows"]) == 6 and len(hf["rows"]) == 4, (engine["rows"], hf["rows"])
+    return engine_out + hf_out, engine_err
 
 
 def test_every_form_has_a_row_with_errors_against_eager(dry_run):
+    dry_run, _ = dry_run
     rows = {m[0]: [float(x) for x in m[1:]] for m in re.findall(
         r"^qwen3-tiny\s+(engine|hf)\s+pass\s+1\s+\S+\s+\S+\s+\S+x\s+-\s+-\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)$",
         dry_run, re.M)}
@@ -46,6 +61,7 @@ def test_every_form_has_a_row_with_errors_against_eager(dry_run):
 
 
 def test_the_default_pass_runs_its_whole_graph_rewrites(dry_run):
+    dry_run, _ = dry_run
     fused = dict(re.findall(r"^fused \(qwen3-tiny (engine|hf)\): (\{.*\})$", dry_run, re.M))
     assert "'norm_rope': 2" in fused["engine"] and "'group_gemm'" not in fused["engine"], fused
     assert "'group_gemm': 4" in fused["hf"] and "'errors': 0" in fused["hf"], fused
@@ -158,20 +174,18 @@ def test_sigterm_inside_a_compile_that_wraps_errors_still_prints_the_table(wraps
     assert "stopped (SIGTERM) after 2 cells" in out.err
 
 
-def test_interleave_times_every_variant_in_each_round(tmp_path):
-    # --interleave 3: both compiles of a cell captured first (no dynamo reset between them, so the first one's
-    # kernels stay loaded), then timed in three alternating rounds; the table has their medians and a line gives
-    # the speed-up of each round. The pass's own rewrites still apply (its compile is its own, not the first's).
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"), "--dry-run", "--presets", "qwen3-tiny",
-           "--forms", "engine", "--batches", "1", "--context", "16", "--prefill", "0", "--steps", "1", "--layers",
-           "2", "--no-bf16", "--interleave", "3"]
-    env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rounds = re.search(r"^speed-up per round \(qwen3-tiny engine block\+pass batch 1\): (.*)$", res.stdout, re.M)
-    assert rounds and len(rounds.group(1).split()) == 3, res.stdout
-    assert re.search(r"^qwen3-tiny\s+engine\s+pass\s+1\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+x", res.stdout, re.M), res.stdout
-    assert "'rope_attention': 2" in res.stdout and "interleaved, 3 rounds" in res.stderr
+def test_interleave_times_every_variant_in_each_round(dry_run):
+    # --interleave 3 (the engine run of the fixture): every compile of a cell captured first (no dynamo reset between
+    # them, so the first one's kernels stay loaded), then timed in three alternating rounds; the table has their
+    # medians and a line gives the speed-up of each round. The pass's own rewrites still apply (its compile is its
+    # own, not the first's).
+    stdout, engine_err = dry_run
+    for label in ("block+pass", "block+pass-norm_rope"):
+        line = rf"^speed-up per round \(qwen3-tiny engine {re.escape(label)} batch 1\): (.*)$"
+        rounds = re.search(line, stdout, re.M)
+        assert rounds and len(rounds.group(1).split()) == 3, stdout
+    assert re.search(r"^qwen3-tiny\s+engine\s+pass\s+1\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+x", stdout, re.M), stdout
+    assert "'rope_attention': 2" in stdout and "interleaved, 3 rounds" in engine_err
     import decode
 
     with pytest.raises(SystemExit, match="regional compile only"):
