@@ -27,7 +27,7 @@ def _dry_run(tmp_path_factory, *args: str) -> tuple[dict, str, str]:
            "--json", out, *args]
     # A fresh Inductor cache: graphs served from an earlier run's cache skip the pass, and its counts with it.
     env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     with open(out) as f:
         cells = json.load(f)
