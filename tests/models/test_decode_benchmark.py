@@ -39,7 +39,7 @@ def _dry_run(tmp_path_factory, *args: str) -> tuple[dict, str, str]:
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     """Both forms, each timing path once: the engine form with ``--interleave 3`` and one more variant
-    (``--also=-norm_rope``), the HF form one variant after the other (the path of ``issue7.sh 1``). The stdout of
+    (``--also=-norm_rope``), the HF form one variant after the other (the timing path of ``issue7.sh 1``). The stdout of
     both, then the engine run's stderr."""
     engine, engine_out, engine_err = _dry_run(tmp_path_factory, "--forms", "engine", "--interleave", "3",
                                               "--also=-norm_rope")
