@@ -17,6 +17,7 @@ import triton.language as tl
 from _timing import rotating_copies, time_graph
 
 SMS = 132  # H200
+DRY_RUN_SMS = 2  # a dry run's "SMs": the CPU interpreter runs one program at a time (~10 ms each), 1452 a size
 MAX_COPIES = 256
 WORD = 4  # bytes per int32 word
 # (programs per SM, block): launch_floor.py's winners (8 / SM from 4 MB up, 2 / SM at 1 MB) and 1 / SM below.
@@ -51,7 +52,9 @@ class ReadFloor:
 
     def __init__(self, device: str = "cuda", dry_run: bool = False, launches=LAUNCHES) -> None:
         self.device, self.dry_run, self.launches = device, dry_run, launches
-        self.out = torch.zeros(8 * SMS, dtype=torch.int32, device=device)
+        # a dry run's times mean nothing: the same launches over a few programs check the code path
+        self.sms = DRY_RUN_SMS if dry_run else SMS
+        self.out = torch.zeros(8 * self.sms, dtype=torch.int32, device=device)
         self.cache: dict[int, float] = {}
 
     def us(self, nbytes: int) -> float:
@@ -59,7 +62,7 @@ class ReadFloor:
         if words not in self.cache:
             copies = rotating_copies(words * WORD, self.dry_run, most=MAX_COPIES)
             bufs = [torch.ones(words, dtype=torch.int32, device=self.device) for _ in range(copies)]
-            self.cache[words] = min(time_graph(read_call(bufs, self.out, SMS * k, block), copies, self.dry_run)
+            self.cache[words] = min(time_graph(read_call(bufs, self.out, self.sms * k, block), copies, self.dry_run)
                                     for k, block in self.launches)  # fmt: skip
             del bufs
         return self.cache[words]
