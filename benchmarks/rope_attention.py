@@ -77,6 +77,8 @@ def sweep(batches, models, heads, max_seq: int, context: int) -> None:
     from fp8_fusion_pass.kernels.triton import decode_attention as kernel
 
     hq, hk = heads
+    # launches per replay; one where the replay is plain calls in the CPU interpreter (decode.py's dry run)
+    reps = 20 if decode.DEVICE == "cuda" else 1
     best = []
     for batch in batches:
         for model in models:
@@ -85,11 +87,11 @@ def sweep(batches, models, heads, max_seq: int, context: int) -> None:
             times = []
             for cfg in SWEEP:
                 def run(*a, cfg=cfg, last=last, scale=scale):
-                    return [kernel.rope_decode_attention(*a, last, scale, 128, cfg) for _ in range(20)]
+                    return [kernel.rope_decode_attention(*a, last, scale, 128, cfg) for _ in range(reps)]
 
                 kernel.rope_decode_attention(*args, last, scale, 128, cfg)  # eager first: the merge counters
                 graph, _ = capture(run, args)
-                times.append((time_replays(graph, 20) * 1e3 / 20, cfg))
+                times.append((time_replays(graph, 20) * 1e3 / reps, cfg))
             times.sort(key=lambda x: x[0])
             chosen = kernel.config_for(batch * hk)
             table_us = next((us for us, c in times if c == chosen), float("nan"))
