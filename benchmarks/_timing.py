@@ -77,3 +77,35 @@ def time_graph(call, copies: int, dry_run: bool = False) -> float:
         times.append(start.elapsed_time(end) * 1e3 / reps)
     del graph
     return statistics.median(times)
+
+
+def checked_time(what: str, call, copies: int, rel_err, limit: float, repeats: int = 0, same=torch.equal,
+                 log=print, dry_run: bool = False) -> float | str:  # fmt: skip
+    """Microseconds per ``call(i)`` (i cycles through ``copies`` input copies) once its output is checked, else why
+    not: "n/a" (it cannot run the shape: it raised, or returned None), "WRONG" (``rel_err(out)`` over ``limit``) or
+    "RACY" (one of ``repeats`` more calls not ``same`` as the first, where the output must repeat bit for bit).
+
+    A timing of an unchecked kernel is worth nothing: a fast wrong config would win the sweep. On a dry run the time
+    is the checked call's wall clock (``time_graph`` would run the interpreter once more for a number that means
+    nothing)."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        t0 = time.perf_counter()
+        out = call(0)
+        first_us = (time.perf_counter() - t0) * 1e6
+        again = [call(0) for _ in range(repeats)]
+    except (ValueError, RuntimeError, OutOfResources, CompilationError) as e:  # a shape or config it cannot run
+        log(f"  {what}: n/a ({str(e).splitlines()[0][:100]})")
+        return "n/a"
+    if out is None:
+        return "n/a"
+    err = rel_err(out)
+    if not err <= limit:
+        log(f"  {what}: WRONG (rel err {err:.3g})")
+        return "WRONG"
+    if not all(same(out, o) for o in again):
+        log(f"  {what}: RACY (repeated calls differ)")
+        return "RACY"
+    return first_us if dry_run else time_graph(call, copies)

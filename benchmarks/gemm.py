@@ -48,10 +48,8 @@ import _gemm_sweep as sweep
 import _script
 import triton
 from _read_floor import ReadFloor
-from _timing import copy_bandwidth, rotating_copies, time_graph
+from _timing import checked_time, copy_bandwidth, rotating_copies, time_graph
 from tabulate import tabulate
-from triton.compiler.errors import CompilationError
-from triton.runtime.errors import OutOfResources
 
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import reference as ref
@@ -140,24 +138,9 @@ class Shape:
 def timed(what: str, call, want, copies: int, repeatable: bool = False) -> float | str:
     """Microseconds per ``call(i)`` (i: weight copy), or "WRONG" (off the oracle ``want``), "RACY" (not
     bitwise repeatable where it must be) or "n/a" (cannot run the shape)."""
-    try:
-        t0 = time.perf_counter()
-        y = call(0)
-        first_us = (time.perf_counter() - t0) * 1e6
-        again = [call(0) for _ in range((REPEATS if DEVICE == "cuda" else 1) if repeatable else 0)]
-    except (ValueError, RuntimeError, OutOfResources, CompilationError) as e:  # a shape or config it cannot run
-        log(f"  {what}: n/a ({str(e).splitlines()[0][:100]})")
-        return "n/a"
-    err = ((y.float() - want).norm() / want.norm()).item()
-    if not err <= CHECK_REL_ERR:
-        log(f"  {what}: WRONG (rel err {err:.3g})")
-        return "WRONG"
-    if not all(torch.equal(y, z) for z in again):
-        log(f"  {what}: RACY (repeated calls differ)")
-        return "RACY"
-    if DEVICE == "cpu":  # a dry run: the checked call's wall clock (time_graph's would run it once more)
-        return first_us
-    return time_graph(call, copies)
+    repeats = (REPEATS if DEVICE == "cuda" else 1) if repeatable else 0
+    rel_err = lambda y: ((y.float() - want).norm() / want.norm()).item()
+    return checked_time(what, call, copies, rel_err, CHECK_REL_ERR, repeats, log=log, dry_run=DEVICE == "cpu")
 
 
 def measure(shape: Shape, q, xs, want, path: str, config=None) -> float | str:

@@ -33,10 +33,8 @@ if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _script
-from _timing import copy_bandwidth, rotating_copies, time_graph
+from _timing import checked_time, copy_bandwidth, rotating_copies
 from tabulate import tabulate
-from triton.compiler.errors import CompilationError
-from triton.runtime.errors import OutOfResources
 
 from fp8_fusion_pass import arch
 from fp8_fusion_pass.kernels import reference as ref
@@ -116,28 +114,14 @@ def _dequant(out):
     return ref.dequant_activation(*out).double()
 
 
+def _same(a, b) -> bool:  # the fp8 codes bit for bit (NaN-safe through uint8), and the scales
+    return torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+
+
 def timed(what: str, call, want, copies: int, repeatable: bool) -> float | str:
-    try:
-        t0 = time.perf_counter()
-        out = call(0)
-        first_us = (time.perf_counter() - t0) * 1e6
-        again = [call(0) for _ in range((REPEATS if DEVICE == "cuda" else 1) if repeatable else 0)]
-    except (ValueError, RuntimeError, OutOfResources, CompilationError) as e:
-        log(f"  {what}: n/a ({str(e).splitlines()[0][:100]})")
-        return "n/a"
-    if out is None:
-        return "n/a"
-    err = ((_dequant(out) - want).norm() / want.norm()).item()
-    if not err <= CHECK_REL_ERR:
-        log(f"  {what}: WRONG (rel err {err:.3g})")
-        return "WRONG"
-    if not all(torch.equal(out[0].view(torch.uint8), o[0].view(torch.uint8)) and torch.equal(out[1], o[1])
-               for o in again):  # fmt: skip
-        log(f"  {what}: RACY")
-        return "RACY"
-    if DEVICE == "cpu":  # a dry run: the checked call's wall clock (time_graph's would run it once more)
-        return first_us
-    return time_graph(call, copies)
+    repeats = (REPEATS if DEVICE == "cuda" else 1) if repeatable else 0
+    rel_err = lambda out: ((_dequant(out) - want).norm() / want.norm()).item()
+    return checked_time(what, call, copies, rel_err, CHECK_REL_ERR, repeats, _same, log, dry_run=DEVICE == "cpu")
 
 
 def _launch(cfg):

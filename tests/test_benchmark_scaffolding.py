@@ -66,3 +66,27 @@ def test_rotating_copies_exceed_the_l2_rotation_within_their_bounds():
     assert rotating_copies(1000, most=64) == 64 and rotating_copies(0, least=1, most=64) == 64
     # a dry run times nothing: the fewest copies, however small the inputs
     assert rotating_copies(1000, dry_run=True) == 2 and rotating_copies(1000, dry_run=True, least=1) == 1
+
+
+def test_checked_time_times_only_a_checked_repeatable_call():
+    # gemm.py's and gemm_silu_quant.py's sweeps rank configs by this; a wrong, racy or failing config must lose
+    # with its reason, never with a time.
+    from _timing import checked_time
+
+    logged = []
+    good = torch.ones(4)
+
+    def time_of(call, repeats=0, err=lambda out: (out - good).abs().max().item()):
+        return checked_time("cfg", call, 2, err, 1e-3, repeats, log=logged.append, dry_run=True)
+
+    assert isinstance(time_of(lambda i: good.clone()), float)
+    assert time_of(lambda i: good + 1) == "WRONG" and "rel err 1" in logged[-1]
+    calls = iter(range(10))
+    assert time_of(lambda i: good + next(calls) * 1e-6, repeats=1) == "RACY"  # within tolerance, not bitwise the same
+    assert isinstance(time_of(lambda i: good + next(calls) * 1e-6, repeats=0), float)  # no repeat asked for
+
+    def refuses(i):
+        raise ValueError("block_n 96 is not a power of two\nmore")
+
+    assert time_of(refuses) == "n/a" and logged[-1] == "  cfg: n/a (block_n 96 is not a power of two)"
+    assert time_of(lambda i: None) == "n/a"  # a launcher that declines the shape returns None
