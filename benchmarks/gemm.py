@@ -203,7 +203,9 @@ def run_point(shape: Shape, m: int, families, tiled_sweep, bw: float, a: arch.Ar
     for cfg in tiled_sweep if m > bm.SMALL_M_MAX else []:
         cand[("tiled", cfg)] = measure(shape, q, xs, want, "tiled", cfg)
     gemv: dict = {}
-    for cfg in gemv_sweep if m <= GEMV_MAX_M else []:
+    # the committed GEMV row too: the M = 1 rows hold GEMV_WIDE configs, which the default sweep lacks
+    mine_gemv = [committed.config] if committed is not None and committed.path == "gemv" else []
+    for cfg in dict.fromkeys([*mine_gemv, *gemv_sweep]) if m <= GEMV_MAX_M else []:
         gemv[cfg] = cand[("gemv", cfg)] = measure(shape, q, xs, want, "gemv", cfg)
     sm_cfg, sm_best = _best_small_verified(shape, q, xs, small, cand)
     (path, cfg), best = _best(cand)

@@ -120,6 +120,12 @@ def test_the_committed_table_row_is_re_timed(monkeypatch):
     row, _ = gemm.run_point(gemm.Shape(128, 512), 1, [], [], 1e12, a, floor)
     assert row["table_config"] == f"small_m {mine!r}"
     assert isinstance(row["table_us"], float) and row["small_m_best_us"] <= row["table_us"]
+    # a GEMV row too, though no sweep passed here holds its config (the M = 1 rows are GEMV_WIDE configs)
+    wide = GemvConfig(2, 256, 2, 1)
+    monkeypatch.setitem(bm.TABLE, (a.name, 1, 128, 512), bm.Choice("gemv", wide))
+    row, _ = gemm.run_point(gemm.Shape(128, 512), 1, [], [], 1e12, a, floor, gemv_sweep=[GemvConfig(2, 512, 4, 1)])
+    assert row["table_config"] == f"gemv {wide!r}" and isinstance(row["table_us"], float)
+    assert repr(wide) in row["gemv_us"] and row["gemv_best_us"] <= row["table_us"]
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU run needs the Triton interpreter")
