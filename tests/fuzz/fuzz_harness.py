@@ -197,10 +197,17 @@ def unexplained(capture: Capture) -> list[str]:
     names the norm's / silu's output: HF's rsqrt -> mul -> convert -> mul is 3 edges, the decomposed silu's
     exp -> add -> div -> convert -> mul 4, with slack for bias adds and converts). A group_quant is explained by an
     entry naming it or the tensor it quantizes (through reshapes), or by being inside an explained producer's reach.
+    A norm that ``inline_norm`` wrote as aten ops is a new node under a new name (the op it replaced is gone, and
+    with it the name the report gives); each applied ``inline_norm`` entry explains one such rsqrt.
     """
     named = {d.node for d in capture.report.rejected} | {d.node for d in capture.report.errors}
+    before = {n.name for n in capture.before.graph.nodes}
+    inlined = capture.report.counts().get("inline_norm", 0)
     missing = []
     for node in candidates(capture.after):
+        if node.target is aten.rsqrt.default and node.name not in before and inlined > 0:
+            inlined -= 1
+            continue
         if node.target is GROUP_QUANT:
             src = _source(node)
             if node.name in named or (isinstance(src, Node) and src.name in named):
