@@ -5,7 +5,7 @@ Registered here, applied per test through ``fuzz_stats.profile()``.
 
 - ``ci``: the quick CI run. Few examples, derandomized (the same examples every run, so CI is not flaky and a
   failure reproduces), no example database written. Budget: < 3 minutes on a loaded 2-core box.
-- ``long``: the documented soak (docs/reliability.md): many random examples, ~20 minutes on the same box;
+- ``long``: the documented soak (docs/reliability.md): many random examples, ~35 minutes on the same box (-n 2);
   failures are saved in ``.hypothesis/`` and replayed first next time.
 
     FP8_FUZZ_PROFILE=long pytest tests/fuzz -q -p no:cacheprovider
