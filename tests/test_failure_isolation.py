@@ -100,7 +100,7 @@ def test_injected_failure_is_isolated(captured, stage, fusion):
     assert applied_counts(report) == expected, rendered
     if fusion in FUSED:
         assert sum(1 for n in gm.graph.nodes if n.target is FUSED[fusion]) == 0
-    capture = type("C", (), {"after": gm, "report": report})
+    capture = type("C", (), {"before": before, "after": gm, "report": report})
     assert unexplained(capture) == [], rendered
 
     # the model is still correct
