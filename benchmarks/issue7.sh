@@ -14,7 +14,8 @@
 #                                               without, one after the other on one machine (238 s)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
-# 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session). The HF form
+# 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
+# and 6 263 s (twenty-second session): two HF parts do not fit one 600 s call. The HF form
 # compiles each of its layers per variant and batch (54-91 s a cell), so a model's four batches do not fit one
 # call: parts 4-7 take two batches each. The device's outputs come back per call: copy every part's files into
 # one folder and run `targets` there to see them in one table.
