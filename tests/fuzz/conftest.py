@@ -8,7 +8,7 @@ Registered here, applied per test through ``fuzz_stats.profile()``.
 - ``long``: the documented soak (docs/reliability.md): many random examples, ~35 minutes on the same box (-n 2);
   failures are saved in ``.hypothesis/`` and replayed first next time.
 
-    FP8_FUZZ_PROFILE=long pytest tests/fuzz -q -p no:cacheprovider
+    FP8_FUZZ_PROFILE=long pytest tests/fuzz -q -p no:cacheprovider -n 2
 
 The tally (graphs compiled, inputs run through both graphs, fusions applied, rejection reasons seen) is printed
 at the end of the session (by tests/conftest.py, which also sums the workers' under pytest-xdist) and, with
