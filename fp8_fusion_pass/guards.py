@@ -60,7 +60,7 @@ REASONS = {
                                    "tokens: a prefill); the GEMMs and softmax stay",
     "rope_attention_not_single": "rope_attention: more than one token, the RoPE op's q also read elsewhere or not "
                                  "grouped as the attention's rows, the attention reads other caches (or views of "
-                                 "them), or a head dim the fused kernel cannot take",
+                                 "them) or a mask, or a head dim the fused kernel cannot take",
     # profit
     "small_m_prefers_bf16": "the small-M table says this GEMM is faster fed bf16 than pre-quantized at this M",
     "m_above_small_m": "group_gemm / gemm_silu_quant: static M above the small-M kernels' rows (decode only)",

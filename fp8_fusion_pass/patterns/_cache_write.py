@@ -48,8 +48,10 @@ def _iota_index(node, n, shape) -> bool:
         node = node.args[0]
     if not (isinstance(node, Node) and node.target is torch.ops.prims.iota.default):
         return False
-    return node.kwargs.get("start", 0) == 0 and node.kwargs.get("step", 1) == 1 and statically_known_true(
-        node.args[0] == n)
+    count = node.args[0]
+    if isinstance(count, Node):  # a symbolic length is the graph's SymInt input: its value is the symbol
+        count = _graph.val(count)
+    return node.kwargs.get("start", 0) == 0 and node.kwargs.get("step", 1) == 1 and statically_known_true(count == n)
 
 
 def _positions(write: Node, x) -> tuple[Node, tuple] | None:

@@ -21,6 +21,8 @@ def one_row(keep: Node) -> Node:
     """``x`` when ``keep`` is ``reshape(expand(x [B|1, 1, 1, T], [.., G, 1, T]), [.., 1, G, T])``: every row the same
     (the engine's mask at one query token, laid out for the G query heads of a kv head). The op reads x's one row
     for all rows, and Inductor need not write the [.., G, T] copy, a launch per layer."""
+    if _graph.is_call(keep, aten.expand.default) and _graph.same_shape(keep.args[0], keep):
+        return keep.args[0]  # one query head per kv head: the layout is an expand to the same shape, no reshape
     expand = keep.args[0] if _graph.is_call(keep, *_graph.RESHAPES) else None
     if not _graph.is_call(expand, aten.expand.default):
         return keep

@@ -30,6 +30,29 @@ def val(node):
     return node.meta.get("val") if isinstance(node, Node) else node
 
 
+def static_int(n) -> int | None:
+    """``n`` as an int when it is one in this graph: an int, or a SymInt whose expression is a number (a size that
+    Dynamo marked dynamic and then specialized by a guard, as ``dynamic=True`` does to a cache's kv heads that must
+    equal the model's); None for a size that can vary."""
+    if isinstance(n, int):
+        return n
+    if isinstance(n, torch.SymInt) and n.node.expr.is_number:
+        return int(n.node.expr)
+    return None
+
+
+def reshape_sizes(shape) -> list[int] | None:
+    """``shape`` as a reshape's sizes: its static sizes as ints, one symbolic size as -1 (a SymInt object in a node's
+    arguments would not be a graph value Inductor can read); None when more than one size is symbolic."""
+    sizes = [static_int(s) for s in shape]
+    unknown = [i for i, s in enumerate(sizes) if s is None]
+    if len(unknown) > 1:
+        return None
+    if unknown:
+        sizes[unknown[0]] = -1
+    return sizes
+
+
 def call(graph: Graph, target, args: tuple, kwargs: dict | None = None) -> Node:
     """Insert ``target(*args)`` at the graph's current insertion point, with ``meta["val"]`` computed on the fake
     values of its inputs (Inductor's later passes and our guards read it). Nothing is left behind if it raises."""

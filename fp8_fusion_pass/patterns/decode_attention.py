@@ -259,9 +259,10 @@ class Match:
             return guards.reject("attention_not_plain", f"scores {_graph.shape_str(s=s4)} are not [B, Hkv, R, T]")
         b, hkv, r, t = s4.shape
         d = q3.shape[-1]
-        if not all(isinstance(n, int) for n in (hkv, r, d)):
+        if any(_graph.static_int(n) is None for n in (hkv, r, d)):
             return guards.reject("kv_heads_dynamic", f"kv heads {hkv}, rows {r}, head dim {d}: only the batch and the "
                                  "cache length may be symbolic")
+        hkv, r, d = (_graph.static_int(n) for n in (hkv, r, d))
         if r > MAX_ROWS:
             return guards.reject("attention_rows_above_decode", f"{r} query rows per kv head, above {MAX_ROWS}: a "
                                  "prefill (its GEMMs are compute-bound; the decode kernel is not built for them)")
@@ -316,15 +317,17 @@ def _fold_quant(graph: Graph, op: Node) -> bool:
     quant = next(iter(node.users))
     group = _site.group_size_of(quant)
     d, x = _graph.val(op).shape[-1], _graph.val(node)
-    if not (isinstance(group, int) and d % group == 0 and d & (d - 1) == 0 and x.shape[-1] % group == 0):
+    d, k = _graph.static_int(d), _graph.static_int(x.shape[-1])
+    sizes = _graph.reshape_sizes(x.shape[:-1])
+    if not (isinstance(group, int) and d and k and sizes and d % group == 0 and d & (d - 1) == 0 and k % group == 0):
         return False
     qs, ss = _graph.quant_outputs(quant)
     if len(qs) + len(ss) != len(quant.users):
         return False
     with _graph.Edit(graph, before=quant) as e:
         both = e.call(FUSED_UPTO_QUANT, *op.args, group)
-        q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), list(x.shape))
-        sc = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*x.shape[:-1], x.shape[-1] // group])
+        q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), [*sizes, k])
+        sc = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*sizes, k // group])
     for old, new in [(n, q) for n in qs] + [(n, sc) for n in ss]:
         old.replace_all_uses_with(new)
     _graph.erase_dead(graph, [*qs, *ss, quant, *chain, op])
@@ -338,6 +341,7 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     kc = _graph.val(m.k_cache)
     _, hkv, t, d = kc.shape
     r = _graph.val(m.q3).shape[1]
+    hkv, r, d = (_graph.static_int(n) for n in (hkv, r, d))  # static: check() said so
     upto = None
     if m.hides and _op(m.mask, aten.bitwise_not.default):
         keep = _decode_mask.one_row(m.mask.args[0])

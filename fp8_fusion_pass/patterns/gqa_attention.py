@@ -58,7 +58,7 @@ SDPA_OPS = {
 
 
 def _static(*sizes) -> bool:
-    return all(isinstance(s, int) for s in sizes)
+    return all(_graph.static_int(s) is not None for s in sizes)
 
 
 def repeat_kv(node) -> tuple[Node, int, list[Node]] | None:

@@ -44,6 +44,7 @@ _ops = torch.ops.fp8_fusion
 NAME = "rope_attention"
 FUSED = _ops.rope_decode_attention.default
 ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
+MASKED = _ops.decode_attention.default  # reads a mask, not slots up to a position: the fused kernel takes positions
 ROPE_CACHE = (_ops.qk_rope_cache.default, _ops.rms_norm_rope_cache.default)
 _op = _graph.is_call
 # With Qwen3's q / k norms in the prologue, one launch measured slower above this many (batch row, kv head) pairs:
@@ -74,6 +75,8 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
     def no(detail: str) -> guards.Verdict:
         return guards.reject("rope_attention_not_single", f"{detail}: the RoPE and the attention stay two launches")
 
+    if att.target is MASKED:
+        return no("the attention reads a mask, not every slot up to each row's position (the fused kernel's)")
     outs = _outputs(af)
     if len(outs) != len(af.users):
         return no("the RoPE op's outputs are read as a tuple")
@@ -91,6 +94,7 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
     q4 = _graph.val(att.args[0])
     b, s, hq, d = q.shape
     _, hkv, r, _ = q4.shape
+    hq, d, hkv, r = (_graph.static_int(n) or n for n in (hq, d, hkv, r))  # a size fixed in this graph is an int
     if not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
     if not (isinstance(d, int) and d >= 16 and d & (d - 1) == 0):
@@ -131,7 +135,7 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
 
 
 def run(graph: Graph, report) -> None:
-    for att in [n for n in graph.nodes if _op(n, *ATTENTION)]:
+    for att in [n for n in graph.nodes if _op(n, *ATTENTION, MASKED)]:
         af, q_chain = _rope_q(att)
         if af is None:
             continue  # its q is no RoPE op's: not a candidate

@@ -85,11 +85,20 @@ class _GraphPair(OutputCode):
         self._boxed_call = True
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
+        """Both graphs from the same state: an input the graph before the pass wrote (a KV cache) is put back as it
+        was before the graph after the pass runs, so a write to a wrong slot shows as a difference in ``mutations``,
+        and the run goes on with the state the rewritten graph left."""
         args = list(inputs)
+        snap = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
         with torch.no_grad():
-            before = self.capture.before(*args)
+            before = tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.capture.before(*args))
+            written = {i: a.clone() for i, (a, s) in enumerate(zip(args, snap)) if s is not None and not same(a, s)}
+            for i in written:
+                args[i].copy_(snap[i])
             after = self.capture.after(*args)
-        self.log.append(Call(self.capture, tuple(before), tuple(after), tuple(args)))
+        mutations = {i: Mutation(s, written.get(i, s), a.clone())
+                     for i, (a, s) in enumerate(zip(args, snap)) if s is not None and (i in written or not same(a, s))}
+        self.log.append(Call(self.capture, before, tuple(after), tuple(args), mutations))
         return after
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
@@ -103,11 +112,27 @@ class _GraphPair(OutputCode):
 
 
 @dataclasses.dataclass
+class Mutation:
+    """A graph input a call wrote in place: as it was, as the graph without the pass left it, as the graph with it
+    left it (both run from ``old``)."""
+
+    old: torch.Tensor
+    without: torch.Tensor
+    with_pass: torch.Tensor
+
+
+@dataclasses.dataclass
 class Call:
     capture: Capture
     before: tuple  # outputs of the graph without the pass
     after: tuple  # outputs with the pass
     args: tuple = ()  # the flat runtime arguments (parameters included): both graphs can be re-run on them
+    mutations: dict = dataclasses.field(default_factory=dict)  # input index -> Mutation, for inputs either wrote
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element, a NaN equal to a NaN (a cache may hold NaN from a poisoned input)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 class Recorder:
@@ -216,6 +241,14 @@ def unexplained(capture: Capture) -> list[str]:
             continue
         missing.append(node.format_node())
     return missing
+
+
+def raw_symbols(gm: GraphModule) -> list[str]:
+    """Nodes holding a SymInt / SymFloat object in their arguments: Inductor reads a symbolic size only as a graph
+    value (a node), so a rewrite must pass ints, -1 or the graph's own size nodes."""
+    sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    return [n.format_node() for n in gm.graph.nodes
+            if any(isinstance(a, sym) for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs)))]
 
 
 def count_ops(gm: GraphModule, target) -> int:

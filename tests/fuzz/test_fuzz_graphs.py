@@ -22,8 +22,8 @@ import contextlib
 import pytest
 import tolerances
 import torch
-from fuzz_harness import (FUSED, Recorder, applied_counts, count_ops, float_outputs, fused_op_count, logits, unexplained,
-                          value_changing_rewrites)
+from fuzz_harness import (FUSED, Recorder, applied_counts, count_ops, float_outputs, fused_op_count, logits,
+                          raw_symbols, unexplained, value_changing_rewrites)
 from fuzz_models import DecoderSpec, build, decoder_specs, expected_counts, inputs
 from fuzz_stats import REASONS, TALLY, full_compile_profile, profile
 from hypothesis import example, given, note
@@ -68,6 +68,7 @@ def check_graph(spec: DecoderSpec, capture) -> None:
     assert not left & {s.rejection.node for s in report.superseded}, report.render()
     missing_meta = [n.name for n in capture.after.graph.nodes if n.op == "call_function" and "val" not in n.meta]
     assert not missing_meta, f"nodes without meta['val'] (Inductor's lowering needs it): {missing_meta}"
+    assert not raw_symbols(capture.after), raw_symbols(capture.after)
     TALLY["graphs"] += 1
     for name, n in applied_counts(report).items():
         TALLY[f"applied {name}"] += n

@@ -65,6 +65,23 @@ def test_every_layer_reads_the_positions_and_no_mask():
     assert _count(out, aten.le.Tensor) == 0 and _count(out, FUSED) == 0
 
 
+def test_one_query_head_per_kv_head_reads_the_positions_too(monkeypatch):
+    """Multi-head attention (as many kv heads as query heads): the mask's layout for the query heads is an expand
+    to the same shape and no reshape; it is still ``slot <= position`` (found by the decode fuzz: it went to the
+    op as a mask, which rope_attention cannot take)."""
+    from fp8_fusion_pass.models import presets
+
+    tiny = presets.PRESETS["llama-tiny"]
+    monkeypatch.setitem(presets.PRESETS, "llama-tiny", dataclasses.replace(
+        tiny, config={**tiny.config, "num_key_value_heads": tiny.config["num_attention_heads"]}))
+    model, _, new_cache = _engine_step("llama-tiny")
+    cache, _ = new_cache()
+    (gm,) = capture(lambda ids, pos: model(ids, pos, cache), torch.zeros(3, 1, dtype=torch.long),
+                    torch.tensor([[5], [11], [2]]))  # fmt: skip
+    r, out = run_pass(gm, ALONE)
+    assert _count(out, UPTO) == LAYERS and _count(out, FUSED) == 0 and _count(out, aten.le.Tensor) == 0, r.render()
+
+
 def test_every_layer_reads_one_mask_of_one_row():
     """A mask that is not ``slot <= position`` (a sliding window) goes to the op as a mask: one node for all layers
     (one Inductor kernel per step), and at one query token the op reads [B, 1, 1, T], not the G-row copy."""

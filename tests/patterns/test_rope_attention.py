@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from pattern_helpers import capture, run_pass
 from test_rope_cache import LAYERS, _compiled_step, _engine_step
 
@@ -138,3 +139,52 @@ def test_deterministic_mode_keeps_it_off():
     finally:
         torch.use_deterministic_algorithms(False)
     assert "rope_attention" not in r.counts() and _count(out, FUSED) == 0
+
+
+def _dynamic_graph(preset: str, batch: int, how: str):
+    """The decode step's graph as an engine serving any batch compiles it: ``how`` "batch" marks the batch dim of
+    every input dynamic; "all" is ``fuse(model, dynamic=True)`` (every size symbolic, floats kept constant)."""
+    model, _, _ = _engine_step(preset)
+    cache = model.new_kv_cache(batch, 16)
+    ids, pos = torch.zeros(batch, 1, dtype=torch.long), torch.tensor([[(3 + 5 * i) % 16] for i in range(batch)])
+    if how == "batch":
+        for t in (ids, pos, *cache.k, *cache.v):
+            torch._dynamo.mark_dynamic(t, 0)
+    with torch._dynamo.config.patch(specialize_float=True):
+        (gm,) = capture(lambda ids, pos: model(ids, pos, cache), ids, pos, dynamic=how == "all" or None)
+    return run_pass(gm, FusionConfig())
+
+
+def _symbols_in_args(gm) -> list[str]:
+    sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    return [n.name for n in gm.graph.nodes if any(isinstance(a, sym) for a in pytree.tree_leaves((n.args, n.kwargs)))]
+
+
+@pytest.mark.parametrize("how", ["batch", "all"])
+def test_a_symbolic_batch_is_taken(how):
+    # Before: the engine's write rows iota(B) had the graph's SymInt node as its length, never "known equal" to B
+    # (rope_cache, so rope_attention, refused every symbolic batch), and under dynamic=True the caches' kv heads were
+    # a SymInt fixed to a number by a guard, which decode_attention took for a symbolic head count.
+    r, out = _dynamic_graph("llama-tiny", 3, how)
+    counts = r.counts()
+    assert counts["rope_cache"] == counts["decode_attention"] == counts["rope_attention"] == LAYERS, r.render()
+    assert _count(out, FUSED) == LAYERS and not r.errors
+    assert not _symbols_in_args(out)  # Inductor lowers sizes from nodes or ints, never a SymInt object
+    # Qwen3 at batch 6 (head dim 128): the o_proj quant folds into the attention, reshaped over a symbolic batch;
+    # with q / k norms a symbolic batch is not known to be within MAX_NORM_PAIRS, so the RoPE launch stays its own
+    r, out = _dynamic_graph("qwen3-tiny", 6, how)
+    assert r.counts()["rope_cache"] == r.counts()["decode_attention"] == LAYERS, r.render()
+    assert r.rejection_reasons().get("unfused_pair_faster") == LAYERS and not _symbols_in_args(out)
+    assert _count(out, torch.ops.fp8_fusion.decode_attention_upto_quant.default) == LAYERS
+
+
+def test_an_attention_that_reads_a_mask_is_reported(monkeypatch):
+    # the fused kernel attends over every slot up to each row's position; one whose mask is not that comparison
+    # keeps two launches, and the report says so (before: no candidate, no word in the report)
+    from fp8_fusion_pass.patterns import _decode_mask
+
+    monkeypatch.setattr(_decode_mask, "upto", lambda keep: None)
+    r, out = _graph("llama-tiny", 3)
+    assert r.counts()["decode_attention"] == r.counts()["rope_cache"] == LAYERS, r.render()
+    assert r.rejection_reasons().get("rope_attention_not_single") == LAYERS and _count(out, FUSED) == 0
+    assert "the attention reads a mask" in r.render()

@@ -1,0 +1,183 @@
+"""Random decode steps for the fuzz tests: a model from ``fuzz_models``, a static KV cache full of random keys and
+values, one token per batch row at random positions, and the attention rewrites the pass must apply to it (an
+oracle written from the guards' rules in DESIGN.md / docs/guards.md, independent of the pass's code).
+
+The engine form (``models.engine``) writes each row's token at its own position (``index_put_``) and attends in
+plain torch (``decode_attention``'s candidate); the HF form uses transformers' ``StaticCache`` (one position for
+every row, ``index_copy_``) and SDPA over ``repeat_kv`` copies (``gqa_attention``'s candidate).
+
+Dynamic shapes, as users get them: ``static``; ``batch`` (the batch dim of the ids, positions and caches marked
+dynamic, as an engine serving any batch does); ``all`` (``dynamic=True`` with floats kept constant, what
+``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic until a guard fixes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from fuzz_models import VOCAB, DecoderSpec, build
+from hypothesis import strategies as st
+
+from fp8_fusion_pass.kernels import ops as _ops
+from fp8_fusion_pass.patterns import decode_attention, rope_attention
+
+HALF = ("bf16", "fp16")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    model: DecoderSpec  # its shapes are unused: the step's are below
+    batch: int
+    cache_len: int
+    steps: int  # decode steps, each one position further
+    dynamic: str  # "static" | "batch" | "all"
+    seed: int = 0
+
+    @property
+    def groups(self) -> int:
+        return self.model.heads // self.model.kv_heads
+
+    def short(self) -> str:
+        return f"{self.model.short()} | decode batch={self.batch} T={self.cache_len} steps={self.steps} {self.dynamic}"
+
+
+@st.composite
+def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
+    form = draw(st.sampled_from(forms))
+    family = draw(st.sampled_from(("qwen3", "llama", "qwen2")))
+    # head dims the fused kernels take (powers of two from 16) and ones they do not (48, 96)
+    head_dim = draw(st.sampled_from((16, 32, 48, 64, 64, 96, 128, 128)))
+    kv_heads = draw(st.sampled_from((1, 2, 2, 3, 4)))
+    groups = draw(st.sampled_from((1, 2, 2, 4, 8, 17)))  # 17: above decode_attention.MAX_ROWS
+    heads = kv_heads * groups
+    hidden = heads * head_dim if family == "qwen2" else draw(st.sampled_from((128, 192, 256, 256)))
+    hidden = -(-hidden // heads) * heads  # transformers wants a multiple of the heads (then maybe not of 128)
+    if family == "qwen2" and hidden > 1024:  # Qwen2 derives head_dim from hidden / heads: keep the model small
+        heads, groups = kv_heads, 1
+        hidden = heads * head_dim
+    model = DecoderSpec(
+        family=family, form=form, hidden=hidden, inter=draw(st.sampled_from((128, 256, 384))), heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, layers=draw(st.integers(1, 2)),
+        eps=draw(st.sampled_from((1e-6, 1e-5))), attn_bias=family == "qwen2" or draw(st.booleans()),
+        mlp_bias=family == "llama" and draw(st.booleans()), dtype=draw(st.sampled_from(("bf16", "bf16", "fp16"))),
+        dynamic=False, specialize_float=False, shapes=((1, 1),), seed=draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+    dynamic = draw(st.sampled_from(("static", "batch", "all") if form == "engine" else ("static", "all")))
+    batch = draw(st.sampled_from((1, 2, 3, 5, 8, 16, 20)))
+    if batch == 1 and dynamic == "batch":  # Dynamo refuses a dynamic dim of size 1 (it specializes 0 / 1)
+        dynamic = "static"
+    return DecodeSpec(model, batch=batch,
+                      cache_len=draw(st.integers(4, 40)), steps=draw(st.integers(1, 2)), dynamic=dynamic,
+                      seed=draw(st.integers(0, 2**16)))  # fmt: skip
+
+
+# ---------------------------------------------------------------- the model, its cache and its steps
+
+
+@dataclasses.dataclass
+class Step:
+    args: tuple  # what the compiled model is called with
+    kwargs: dict
+    slots: list  # per layer and cache (k then v): a bool mask of the cache's slots this step writes
+
+
+class DecodeRun:
+    """A built model, its cache (random contents, as after a prefill), and ``spec.steps`` steps over it."""
+
+    def __init__(self, spec: DecodeSpec) -> None:
+        self.spec = spec
+        self.model = build(spec.model)
+        gen = torch.Generator().manual_seed(spec.seed)
+        b, t = spec.batch, spec.cache_len
+        if spec.model.form == "engine":
+            self.cache = self.model.new_kv_cache(b, t)
+            self.tensors = self.cache.k + self.cache.v
+            # a position per row, the first step's; the later steps one further each (0 and T - 1 drawn often)
+            first = torch.randint(0, t - spec.steps + 1, (b,), generator=gen)
+            first[torch.rand(b, generator=gen) < 0.2] = 0
+            first[torch.rand(b, generator=gen) < 0.2] = t - spec.steps
+            self.first = first
+        else:
+            self.cache, self.tensors = self._hf_cache(b, t)
+            self.first = torch.full((b,), int(torch.randint(0, t - spec.steps + 1, (), generator=gen)))
+        for i, c in enumerate(self.tensors):
+            c.copy_(torch.randn(c.shape, generator=torch.Generator().manual_seed(spec.seed + i)))
+        self.ids = [torch.randint(0, VOCAB, (b, 1), generator=gen) for _ in range(spec.steps)]
+
+    def _hf_cache(self, b: int, t: int):
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.model.config, max_cache_len=t)
+        with torch.no_grad():  # allocates the layers' buffers (then overwritten with random contents)
+            self.model(input_ids=torch.zeros(b, 1, dtype=torch.long), past_key_values=cache,
+                       cache_position=torch.tensor([0]), use_cache=True)  # fmt: skip
+        return cache, [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+    def step(self, i: int) -> Step:
+        """Step ``i``'s arguments; call it just before the step runs (it sets the HF cache's token count)."""
+        pos = self.first + i
+        b, t = self.spec.batch, self.spec.cache_len
+        mask = torch.zeros(b, 1, t, 1, dtype=torch.bool)
+        mask[torch.arange(b), 0, pos, 0] = True
+        slots = [mask.expand(c.shape) for c in self.tensors]
+        if self.spec.model.form == "engine":
+            ids, positions = self.ids[i].clone(), pos.view(b, 1).clone()
+            if self.spec.dynamic == "batch":
+                for x in (ids, positions):
+                    torch._dynamo.mark_dynamic(x, 0)
+            return Step((ids, positions, self.cache), {}, slots)
+        if hasattr(self.cache.layers[0], "cumulative_length"):  # transformers 5.x counts the tokens written
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(int(pos[0]))
+        kwargs = {"input_ids": self.ids[i], "past_key_values": self.cache, "cache_position": pos[:1].clone(),
+                  "use_cache": True}
+        return Step((), kwargs, slots)
+
+    def mark_cache_dynamic(self) -> None:
+        if self.spec.dynamic == "batch":
+            for c in self.tensors:
+                torch._dynamo.mark_dynamic(c, 0)
+
+
+# ---------------------------------------------------------------- the oracle
+
+
+def _pow2(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def expected_attention_counts(spec: DecodeSpec) -> dict[str, int]:
+    """The attention rewrites the pass must apply to a decode step of ``spec`` (report counts, each layer once):
+
+    engine form
+    - ``decode_attention``: q / k / v one half dtype, at most ``MAX_ROWS`` query rows per kv head (G heads x one
+      token), head dim at most the kernel's; the batch and the cache length may be symbolic, heads never are (a
+      kv-head count Dynamo fixed by a guard is static);
+    - the RoPE op (``norm_rope`` with Qwen3's q / k norms, else ``qk_rope``): bf16, a power-of-two head dim;
+    - ``rope_cache``: wherever the RoPE op is (k and v written at the same slots of their static caches);
+    - ``rope_attention``: both of the above, a power-of-two head dim of at least 16, and with q / k norms a
+      batch x kv heads known to be at most ``MAX_NORM_PAIRS``.
+    HF form: only what does not depend on transformers' spelling of the step is claimed (``gqa_attention`` never
+    applies at one query head per kv head: there is no copy to remove).
+    """
+    m, layers = spec.model, spec.model.layers
+    out = {}
+    if m.form == "hf":
+        return out
+    d, half, bf16 = m.head_dim, m.dtype in HALF, m.dtype == "bf16"
+    attention = half and spec.groups <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM
+    rope = bf16 and _pow2(d) and d <= 1024
+    if attention:
+        out["decode_attention"] = layers
+    if rope:
+        out["norm_rope" if m.family == "qwen3" else "qk_rope"] = layers
+        out["rope_cache"] = layers
+    pairs_ok = m.family != "qwen3" or (spec.dynamic == "static" and spec.batch * m.kv_heads
+                                       <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
+    if attention and rope and d >= 16 and pairs_ok:
+        out["rope_attention"] = layers
+    return out
+
+
+ATTENTION_REWRITES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention")
