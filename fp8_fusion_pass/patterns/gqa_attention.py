@@ -102,8 +102,8 @@ def _only_user_chain(chain: list[Node], sdpa: Node) -> bool:
 def _mask_ok(mask, b, hq) -> bool:
     """A 4-D mask per batch row / head / key that broadcasts over [B, Hq, 1, L]."""
     m = _graph.val(mask)
-    if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(*m.shape[1:]):
-        return False
+    if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(*m.shape[1:3]):
+        return False  # its keys may be symbolic, as the cache length
     rows_ok = statically_known_true(m.shape[0] == 1) or statically_known_true(m.shape[0] == b)
     return rows_ok and m.shape[1] in (1, hq) and m.shape[2] == 1
 
@@ -118,10 +118,11 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     if not _static(s) or s != 1:
         return guards.reject("query_len_not_one", f"query [{b}, {hq}, {s}, {d}]: the grouped rows take one query "
                              "token per head (decode)")
-    if not _static(hq, d, k[1], *_graph.val(k[0]).shape[1:]):
-        return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache "
-                             f"{list(_graph.val(k[0]).shape)}: only the batch may be symbolic")
-    if _graph.val(k[0]).shape[2] == 1:  # the mask's last dim then loses its unit stride (H200, torch 2.11)
+    cache = _graph.val(k[0]).shape
+    if not _static(hq, d, k[1], cache[1], cache[3]):
+        return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache {list(cache)}: only the "
+                             "batch and the cache length may be symbolic")
+    if statically_known_true(cache[2] == 1):  # the mask's last dim then loses its unit stride (H200, torch 2.11)
         return guards.reject("single_key", f"cache {list(_graph.val(k[0]).shape)}: one key per head, nothing to "
                              "save; the grouped [B, Hkv, G, 1] mask fails SDPA's last-dim stride check on the GPU")
     if v is None or k[1] != v[1] or hq % k[1] or _graph.val(k[0]).shape[1] * k[1] != hq:
@@ -141,8 +142,9 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
 
 
 def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
-    # the batch may be symbolic: every reshape leaves it to -1 / the input's own size
-    _, hq, _, d = _graph.val(kw["query"]).shape
+    # the batch may be symbolic: every reshape leaves it to -1; the keys (the cache length) too: their count is
+    # read from the mask by a node
+    hq, d = (_graph.static_int(n) for n in _graph.val(kw["query"]).shape[1::2])
     g = k[1]
     hkv = hq // g
     mask_name = SDPA_OPS[sdpa.target]
@@ -152,7 +154,9 @@ def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
                   "value": v[0]}  # fmt: skip
         mask = kw.get(mask_name) if mask_name else None
         if mask is not None:  # [B | 1, Hq | 1, 1, L] -> [B | 1, Hkv, G, L]: head h = kv * G + g, as repeat_kv's
-            length = _graph.val(mask).shape[3]
+            length = _graph.static_int(_graph.val(mask).shape[3])
+            if length is None:
+                length = e.call(aten.sym_size.int, mask, 3)
             wide = e.call(aten.expand.default, mask, [-1, hq, 1, length])
             new_kw[mask_name] = e.call(aten.reshape.default, wide, [-1, hkv, g, length])
         new = e.call(sdpa.target, **new_kw)

@@ -19,6 +19,7 @@ import torch
 from fuzz_models import VOCAB, DecoderSpec, build
 from hypothesis import strategies as st
 
+from fp8_fusion_pass import guards
 from fp8_fusion_pass.kernels import ops as _ops
 from fp8_fusion_pass.patterns import decode_attention, rope_attention
 
@@ -147,37 +148,50 @@ def _pow2(n: int) -> bool:
     return n & (n - 1) == 0
 
 
-def expected_attention_counts(spec: DecodeSpec) -> dict[str, int]:
-    """The attention rewrites the pass must apply to a decode step of ``spec`` (report counts, each layer once):
+def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str]]:
+    """The attention rewrites the pass must apply to a decode step of ``spec`` (report counts, each layer once), and
+    the rewrites that have a candidate in its graph (each one not applied must be rejected, with a reason, per layer):
 
-    engine form
-    - ``decode_attention``: q / k / v one half dtype, at most ``MAX_ROWS`` query rows per kv head (G heads x one
-      token), head dim at most the kernel's; the batch and the cache length may be symbolic, heads never are (a
-      kv-head count Dynamo fixed by a guard is static);
-    - the RoPE op (``norm_rope`` with Qwen3's q / k norms, else ``qk_rope``): bf16, a power-of-two head dim;
-    - ``rope_cache``: wherever the RoPE op is (k and v written at the same slots of their static caches);
+    - the RoPE op (``norm_rope`` with Qwen3's q / k norms, else ``qk_rope``): bf16, a power-of-two head dim; a
+      candidate in every graph;
+    - ``rope_cache``: wherever the RoPE op is (k and v written at the same slots of their static caches); the batch
+      may be symbolic;
+    engine form (attention in plain torch)
+    - ``decode_attention``: q / k / v one half dtype (else no candidate: nothing is rounded to a half dtype), at most
+      ``MAX_ROWS`` query rows per kv head (G heads x one token), head dim at most the kernel's; the batch and the
+      cache length may be symbolic, heads never are (a kv-head count Dynamo fixed by a guard is static);
     - ``rope_attention``: both of the above, a power-of-two head dim of at least 16, and with q / k norms a
-      batch x kv heads known to be at most ``MAX_NORM_PAIRS``.
-    HF form: only what does not depend on transformers' spelling of the step is claimed (``gqa_attention`` never
-    applies at one query head per kv head: there is no copy to remove).
+      batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
+    HF form (SDPA over ``repeat_kv`` copies)
+    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate) and a batch x kv heads of at least
+      ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers
-    out = {}
-    if m.form == "hf":
-        return out
-    d, half, bf16 = m.head_dim, m.dtype in HALF, m.dtype == "bf16"
-    attention = half and spec.groups <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM
+    d, bf16 = m.head_dim, m.dtype == "bf16"
+    rope_name = "norm_rope" if m.family == "qwen3" else "qk_rope"
     rope = bf16 and _pow2(d) and d <= 1024
-    if attention:
-        out["decode_attention"] = layers
+    symbolic_batch = spec.dynamic != "static" and spec.batch > 1  # Dynamo specializes a size of 1
+    out, candidates = {}, {rope_name}
     if rope:
-        out["norm_rope" if m.family == "qwen3" else "qk_rope"] = layers
-        out["rope_cache"] = layers
-    pairs_ok = m.family != "qwen3" or (spec.dynamic == "static" and spec.batch * m.kv_heads
-                                       <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
-    if attention and rope and d >= 16 and pairs_ok:
-        out["rope_attention"] = layers
-    return out
+        out[rope_name] = out["rope_cache"] = layers
+        candidates.add("rope_cache")
+    if m.form == "hf":
+        if spec.groups > 1:
+            candidates.add("gqa_attention")
+            if symbolic_batch or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS:
+                out["gqa_attention"] = layers
+        return out, candidates
+    if m.dtype in HALF:
+        candidates.add("decode_attention")
+        if spec.groups <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM:
+            out["decode_attention"] = layers
+    if "decode_attention" in out and rope:
+        candidates.add("rope_attention")
+        pairs_ok = m.family != "qwen3" or (not symbolic_batch and spec.batch * m.kv_heads
+                                           <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
+        if d >= 16 and pairs_ok:
+            out["rope_attention"] = layers
+    return out, candidates
 
 
-ATTENTION_REWRITES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention")
+ATTENTION_REWRITES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention", "gqa_attention")

@@ -149,6 +149,39 @@ def test_a_symbolic_batch_is_taken():
     torch._dynamo.reset()
 
 
+def test_a_symbolic_cache_length_is_taken():
+    # what fuse(model, dynamic=True) gives an HF StaticCache: batch and cache length symbolic, heads fixed; the
+    # grouped mask's reshape reads the length from the mask by a node (a SymInt object cannot be a node argument)
+    module = _Attention()
+
+    def marked(b, length):
+        q, k, v, mask = _inputs(b=b, length=length)
+        for t, dims in ((q, (0,)), (k, (0, 2)), (v, (0, 2)), (mask, (0, 3))):
+            for dim in dims:
+                torch._dynamo.mark_dynamic(t, dim)
+        return q, k, v, mask
+
+    (gm,) = capture(module, *marked(8, 16))
+    r, out = run_pass(gm, ALONE)
+    assert r.counts()["gqa_attention"] == 1 and _kv_copies(out) == 0 and not r.errors, r.render()
+    assert any(n.target is torch.ops.aten.sym_size.int for n in out.graph.nodes)
+    sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    assert not [n for n in out.graph.nodes if any(isinstance(a, sym) for a in (*n.args, *n.kwargs.values()))]
+    # compiled (Inductor lowers the rewritten graph), one graph for other batches and cache lengths
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    compiled = torch.compile(module, options={"post_grad_custom_post_pass": FP8FusionPass(ALONE),
+                                              "fx_graph_cache": False})  # fmt: skip
+    with torch.no_grad():
+        for b, length in ((8, 16), (5, 11)):
+            args = marked(b, length)
+            got, want = compiled(*args), module(*args)
+            assert rel_l2(got, want) < 1e-2, (b, length, rel_l2(got, want))
+    reports = report_mod.all_reports()
+    assert len(reports) == 1 and reports[0].counts()["gqa_attention"] == 1, [x.render() for x in reports]
+    torch._dynamo.reset()
+
+
 def test_symbolic_heads_are_reported():
     (gm,) = capture(_Attention(), *_inputs(), dynamic=True)  # every size symbolic
     r, out = run_pass(gm, ALONE)
