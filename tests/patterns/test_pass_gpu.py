@@ -142,25 +142,8 @@ def _with_and_without(rewrite: str, model, step, batch: int, layers: int = 2, ea
 def test_hf_decode_attention_reads_the_static_cache_without_a_copy(batch):
     # gqa_attention on the SDPA kernel op CUDA picks (cuDNN / efficient): real Qwen3-8B heads (32 q, 8 kv), 2 layers,
     # a 576-slot StaticCache filled with random values; with and without the rewrite against eager
-    from transformers import StaticCache
-
     model = build_model("qwen3-8b", form="hf", layers=2, device="cuda")
-    ids = torch.randint(0, 1000, (batch, 1), device="cuda")
-    position = torch.tensor([512], device="cuda")
-    cache = StaticCache(config=model.config, max_cache_len=576)
-    with torch.no_grad():  # allocates the layers' buffers
-        model(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True)
-    saved = [(la.keys.normal_().clone(), la.values.normal_().clone()) for la in cache.layers]
-
-    def step(fn):
-        for la, (k, v) in zip(cache.layers, saved):
-            la.keys.copy_(k)
-            la.values.copy_(v)
-            if hasattr(la, "cumulative_length"):  # transformers 5.x counts the tokens written
-                la.cumulative_length.fill_(512)
-        with torch.no_grad():
-            return fn(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True).logits.float()
-
+    step = _hf_step(model, batch)
     # at batch 1 the 8 (batch row, kv head) pairs are below guards.GQA_MIN_PAIRS: the copy stays, by measurement
     declined = "kv_copy_faster" if batch * 8 < guards.GQA_MIN_PAIRS else None
     err, noise = _with_and_without("gqa_attention", model, step, batch, declined=declined)
@@ -189,6 +172,30 @@ def test_engine_rope_and_attention_in_one_launch(preset, batch):
     model, step = _engine_8b_step(preset, batch)
     err, noise = _with_and_without("rope_attention", model, step, batch, eager=_exact_attention(model))
     assert err <= tolerances.pass_vs_eager_bound(noise)
+
+
+def _hf_step(model, batch: int):
+    """``step(fn)``: one HF decode step at position 512 of a 576-slot StaticCache of random values, restored before
+    each call, through ``fn`` (the model, eager or compiled); the logits in fp32."""
+    from transformers import StaticCache
+
+    ids = torch.randint(0, 1000, (batch, 1), device="cuda")
+    position = torch.tensor([512], device="cuda")
+    cache = StaticCache(config=model.config, max_cache_len=576)
+    with torch.no_grad():  # allocates the layers' buffers
+        model(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True)
+    saved = [(la.keys.normal_().clone(), la.values.normal_().clone()) for la in cache.layers]
+
+    def step(fn):
+        for la, (k, v) in zip(cache.layers, saved):
+            la.keys.copy_(k)
+            la.values.copy_(v)
+            if hasattr(la, "cumulative_length"):  # transformers 5.x counts the tokens written
+                la.cumulative_length.fill_(512)
+        with torch.no_grad():
+            return fn(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True).logits.float()
+
+    return step
 
 
 def _engine_8b_step(preset: str, batch: int):
@@ -265,29 +272,13 @@ def test_hf_decode_step_under_dynamic_true_reads_the_cache_grouped():
     # fuse(model, dynamic=True) on an HF decode step: the StaticCache's length is symbolic as well as the batch, and
     # gqa_attention's grouped mask takes its length from a sym_size node; one compile for batch 16 and 24 on the
     # SDPA kernel CUDA picks, against eager (CPU-checked by tests/fuzz/test_fuzz_decode.py)
-    from transformers import StaticCache
-
     model = build_model("qwen3-8b", form="hf", layers=2, device="cuda")
     torch._dynamo.reset()
     report_mod.clear_reports()
     fns = {"pass": fp8_fusion_pass.fuse(model, dynamic=True, options=NO_CACHE), "eager": model}
     for batch in (16, 24):
-        ids = torch.randint(0, 1000, (batch, 1), device="cuda")
-        position = torch.tensor([512], device="cuda")
-        cache = StaticCache(config=model.config, max_cache_len=576)
-        with torch.no_grad():  # allocates the layers' buffers
-            model(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True)
-        saved = [(la.keys.normal_().clone(), la.values.normal_().clone()) for la in cache.layers]
-        outs = {}
-        for name, fn in fns.items():
-            for la, (k, v) in zip(cache.layers, saved):
-                la.keys.copy_(k)
-                la.values.copy_(v)
-                if hasattr(la, "cumulative_length"):  # transformers 5.x counts the tokens written
-                    la.cumulative_length.fill_(512)
-            with torch.no_grad():
-                outs[name] = fn(input_ids=ids, past_key_values=cache, cache_position=position,
-                                use_cache=True).logits.float()  # fmt: skip
+        step = _hf_step(model, batch)
+        outs = {name: step(fn) for name, fn in fns.items()}
         err = _rel(outs["pass"], outs["eager"])
         print(f"batch {batch}: vs eager {err:.4f}")
         # H200, 2026-12-02, the static compile of this step: 0.0457 with gqa_attention at batch 64 (a wrong head ~1)
