@@ -19,11 +19,14 @@ import torch
 from fuzz_models import VOCAB, DecoderSpec, build
 from hypothesis import strategies as st
 
-from fp8_fusion_pass import guards
+from fp8_fusion_pass import guards, verify
 from fp8_fusion_pass.kernels import ops as _ops
 from fp8_fusion_pass.patterns import decode_attention, rope_attention
 
 HALF = ("bf16", "fp16")
+# Inputs: fresh random tokens (weighted), or one of verify's pathologies in a token's embedding row: NaN in batch row
+# 0 and inf in the last (the other rows must stay finite: no kernel may mix rows), every other row zero, x1e4.
+CASES = ("random-1", "random-1", "random-2", "nan", "inf", "zero-rows", "large", "outlier")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +37,15 @@ class DecodeSpec:
     steps: int  # decode steps, each one position further
     dynamic: str  # "static" | "batch" | "all"
     seed: int = 0
+    case: str = "random-1"  # verify.CASES: the input, or a pathology written into one token's embedding row
 
     @property
     def groups(self) -> int:
         return self.model.heads // self.model.kv_heads
 
     def short(self) -> str:
-        return f"{self.model.short()} | decode batch={self.batch} T={self.cache_len} steps={self.steps} {self.dynamic}"
+        return (f"{self.model.short()} | decode batch={self.batch} T={self.cache_len} steps={self.steps} "
+                f"{self.dynamic} {self.case}")
 
 
 @st.composite
@@ -70,17 +75,10 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
         dynamic = "static"
     return DecodeSpec(model, batch=batch,
                       cache_len=draw(st.integers(4, 40)), steps=draw(st.integers(1, 2)), dynamic=dynamic,
-                      seed=draw(st.integers(0, 2**16)))  # fmt: skip
+                      seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)))  # fmt: skip
 
 
 # ---------------------------------------------------------------- the model, its cache and its steps
-
-
-@dataclasses.dataclass
-class Step:
-    args: tuple  # what the compiled model is called with
-    kwargs: dict
-    slots: list  # per layer and cache (k then v): a bool mask of the cache's slots this step writes
 
 
 class DecodeRun:
@@ -115,30 +113,35 @@ class DecodeRun:
                        cache_position=torch.tensor([0]), use_cache=True)  # fmt: skip
         return cache, [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
-    def step(self, i: int) -> Step:
-        """Step ``i``'s arguments; call it just before the step runs (it sets the HF cache's token count)."""
+    def run_step(self, fn, i: int) -> list[torch.Tensor]:
+        """Step ``i`` through ``fn`` (the compiled model) under the spec's input case; returns, per layer and cache
+        (k then v), a bool mask of the cache slots the step writes."""
         pos = self.first + i
         b, t = self.spec.batch, self.spec.cache_len
-        mask = torch.zeros(b, 1, t, 1, dtype=torch.bool)
-        mask[torch.arange(b), 0, pos, 0] = True
-        slots = [mask.expand(c.shape) for c in self.tensors]
-        if self.spec.model.form == "engine":
-            ids, positions = self.ids[i].clone(), pos.view(b, 1).clone()
+        written = torch.zeros(b, 1, t, 1, dtype=torch.bool)
+        written[torch.arange(b), 0, pos, 0] = True
+        positions = pos.view(b, 1).clone()
+        with verify_cases()[self.spec.case].apply(self.model, (self.ids[i].clone(),)) as (ids,):
             if self.spec.dynamic == "batch":
                 for x in (ids, positions):
                     torch._dynamo.mark_dynamic(x, 0)
-            return Step((ids, positions, self.cache), {}, slots)
-        if hasattr(self.cache.layers[0], "cumulative_length"):  # transformers 5.x counts the tokens written
-            for layer in self.cache.layers:
-                layer.cumulative_length.fill_(int(pos[0]))
-        kwargs = {"input_ids": self.ids[i], "past_key_values": self.cache, "cache_position": pos[:1].clone(),
-                  "use_cache": True}
-        return Step((), kwargs, slots)
+            if self.spec.model.form == "engine":
+                fn(ids, positions, self.cache)
+            else:
+                for layer in self.cache.layers:
+                    if hasattr(layer, "cumulative_length"):  # transformers 5.x writes at the tokens counted
+                        layer.cumulative_length.fill_(int(pos[0]))
+                fn(input_ids=ids, past_key_values=self.cache, cache_position=pos[:1].clone(), use_cache=True)
+        return [written.expand(c.shape) for c in self.tensors]
 
     def mark_cache_dynamic(self) -> None:
         if self.spec.dynamic == "batch":
             for c in self.tensors:
                 torch._dynamo.mark_dynamic(c, 0)
+
+
+def verify_cases() -> dict:
+    return {c.name: c for c in verify.CASES}
 
 
 # ---------------------------------------------------------------- the oracle
@@ -172,6 +175,10 @@ def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str
     rope = bf16 and _pow2(d) and d <= 1024
     symbolic_batch = spec.dynamic != "static" and spec.batch > 1  # Dynamo specializes a size of 1
     out, candidates = {}, {rope_name}
+    if m.form == "hf" and m.family == "qwen3" and not bf16:
+        # HF's q / k norms in another dtype are rejected by the first norm matcher (norm_quant, dtype_not_bf16)
+        # before norm_rope sees them; fuzz_harness.unexplained checks that every norm left is named
+        candidates.discard(rope_name)
     if rope:
         out[rope_name] = out["rope_cache"] = layers
         candidates.add("rope_cache")

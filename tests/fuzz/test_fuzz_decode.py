@@ -83,9 +83,9 @@ def check_call(run: DecodeRun, call, slots) -> None:
 
 @profile()
 @given(spec=decode_specs())
-@example(  # Qwen3 engine, batch marked dynamic (an engine serving any batch): rope_cache used to refuse its write
+@example(  # Qwen3 engine, batch marked dynamic (an engine serving any batch; rope_cache refused its write), NaN in row 0
     spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
-                                ((1, 1),)), batch=6, cache_len=12, steps=2, dynamic="batch"))
+                                ((1, 1),)), batch=6, cache_len=12, steps=2, dynamic="batch", case="nan"))
 @example(  # Llama engine as fuse(model, dynamic=True) compiles it: the cache's kv heads fixed by a guard
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=5, cache_len=8, steps=1, dynamic="all"))
@@ -93,9 +93,9 @@ def check_call(run: DecodeRun, call, slots) -> None:
     # rope_attention could not take, and the report said nothing
     spec=DecodeSpec(DecoderSpec("qwen3", "engine", 128, 128, 1, 1, 16, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=1, cache_len=4, steps=1, dynamic="static"))
-@example(  # HF Llama with StaticCache, 8 kv-head pairs x 2: gqa_attention's smallest batch; a write at the last slot
+@example(  # HF Llama, StaticCache, 8 rows x 2 kv heads: gqa_attention's smallest batch; last slot; inf in the last row
     spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
-                                ((1, 1),)), batch=8, cache_len=9, steps=1, dynamic="static", seed=3))
+                                ((1, 1),)), batch=8, cache_len=9, steps=1, dynamic="static", seed=3, case="inf"))
 @example(  # HF Qwen3 as fuse(model, dynamic=True) compiles it: the StaticCache's length is symbolic too; the grouped
     # SDPA used to refuse it (kv_heads_dynamic), losing gqa_attention
     spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 8, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
@@ -105,15 +105,13 @@ def test_random_decode_steps(spec: DecodeSpec):
     run = DecodeRun(spec)
     rec = Recorder()
     compiled, floats = _compile(run, rec)
-    steps = []
     with torch.no_grad(), floats:
-        for i in range(spec.steps):
-            steps.append(run.step(i))  # just before its call: it sets the HF cache's token count
-            compiled(*steps[-1].args, **steps[-1].kwargs)
+        slots = [run.run_step(compiled, i) for i in range(spec.steps)]
     assert rec.captures and len(rec.calls) == spec.steps
     for capture in rec.captures:
         check_report(spec, capture)
-    for call, s in zip(rec.calls, steps):
-        check_call(run, call, s.slots)
+    for call, written in zip(rec.calls, slots):
+        check_call(run, call, written)
         TALLY["decode steps"] += 1
     TALLY[f"decode models {spec.model.form} {spec.dynamic}"] += 1
+    TALLY[f"decode inputs {spec.case}"] += spec.steps
