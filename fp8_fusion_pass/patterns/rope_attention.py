@@ -41,6 +41,7 @@ from .. import guards
 from . import _graph
 
 _ops = torch.ops.fp8_fusion
+aten = torch.ops.aten
 NAME = "rope_attention"
 FUSED = _ops.rope_decode_attention.default
 ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
@@ -65,6 +66,24 @@ def _rope_q(att: Node) -> tuple[Node | None, list[Node]]:
     if not (_op(af, auto_functionalized_v2) and af.args and af.args[0] in ROPE_CACHE):
         return None, []
     return af, [node, *chain]
+
+
+# What lies between a RoPE op's q and an attention that reads it as other rows: a copy or permute (several tokens
+# per step put each kv head's G heads x S tokens together)
+_LAYOUT = (aten.clone.default, aten.permute.default, aten.expand.default, *_graph.RESHAPES)
+
+
+def _rope_q_through_copies(att: Node) -> Node | None:
+    """The ``*_rope_cache`` op whose q the attention reads through any layout ops (copies and permutes too): a
+    candidate ``_rope_q`` does not take, which the report must name."""
+    node = att.args[0]
+    while _op(node, *_LAYOUT):
+        node = node.args[0]
+    if _op(node, operator.getitem) and node.args[1] == 0:
+        af = node.args[0]
+        if _op(af, auto_functionalized_v2) and af.args and af.args[0] in ROPE_CACHE:
+            return af
+    return None
 
 
 def _outputs(af: Node) -> dict[int, Node]:
@@ -138,7 +157,13 @@ def run(graph: Graph, report) -> None:
     for att in [n for n in graph.nodes if _op(n, *ATTENTION, MASKED)]:
         af, q_chain = _rope_q(att)
         if af is None:
-            continue  # its q is no RoPE op's: not a candidate
+            af = _rope_q_through_copies(att)
+            if af is not None:  # the RoPE op's q, laid out as other rows: more than one token per step
+                report.reject(NAME, att.name, "rope_attention_not_single", "the attention reads the RoPE op's q "
+                              "through a copy or permute, not as its [B, Hq, 1, D] rows grouped per kv head (more "
+                              "than one token per step?): the RoPE and the attention stay two launches",
+                              _graph.shape_str(q=af.kwargs["q"], k=att.args[1]), _graph.dtype_str(af.kwargs["q"]))
+            continue  # else its q is no RoPE op's: not a candidate
         shapes = _graph.shape_str(q=af.kwargs["q"], k=att.args[1])
         report.settle(NAME, att.name, shapes, _graph.dtype_str(af.kwargs["q"]), _check(att, af, q_chain), "",
                       rewrite, graph, att, af, q_chain)  # fmt: skip

@@ -13,6 +13,7 @@ dynamic, as an engine serving any batch does); ``all`` (``dynamic=True`` with fl
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 
 from fp8_fusion_pass import guards, verify
 from fp8_fusion_pass.kernels import ops as _ops
+from fp8_fusion_pass.models import engine
 from fp8_fusion_pass.patterns import decode_attention, rope_attention
 
 HALF = ("bf16", "fp16")
@@ -38,6 +40,12 @@ class DecodeSpec:
     dynamic: str  # "static" | "batch" | "all"
     seed: int = 0
     case: str = "random-1"  # verify.CASES: the input, or a pathology written into one token's embedding row
+    tokens: int = 1  # per row and step: 1 is decode; 2-3 a speculative-decoding check or a prefill chunk
+
+    @property
+    def span(self) -> int:
+        """Cache slots the steps write per row."""
+        return self.steps * self.tokens
 
     @property
     def groups(self) -> int:
@@ -45,7 +53,7 @@ class DecodeSpec:
 
     def short(self) -> str:
         return (f"{self.model.short()} | decode batch={self.batch} T={self.cache_len} steps={self.steps} "
-                f"{self.dynamic} {self.case}")
+                f"tokens={self.tokens} {self.dynamic} {self.case}")
 
 
 @st.composite
@@ -75,10 +83,17 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
         dynamic = "static"
     return DecodeSpec(model, batch=batch,
                       cache_len=draw(st.integers(4, 40)), steps=draw(st.integers(1, 2)), dynamic=dynamic,
-                      seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)))  # fmt: skip
+                      seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)),
+                      tokens=draw(st.sampled_from((1, 1, 1, 2, 3))))  # fmt: skip
 
 
 # ---------------------------------------------------------------- the model, its cache and its steps
+
+
+@dataclasses.dataclass
+class Exact:
+    logits: torch.Tensor
+    caches: list  # k then v per layer, as DecodeRun.tensors
 
 
 class DecodeRun:
@@ -92,17 +107,17 @@ class DecodeRun:
         if spec.model.form == "engine":
             self.cache = self.model.new_kv_cache(b, t)
             self.tensors = self.cache.k + self.cache.v
-            # a position per row, the first step's; the later steps one further each (0 and T - 1 drawn often)
-            first = torch.randint(0, t - spec.steps + 1, (b,), generator=gen)
+            # a position per row, the first token's; every later token one further (0 and the last slots often)
+            first = torch.randint(0, t - spec.span + 1, (b,), generator=gen)
             first[torch.rand(b, generator=gen) < 0.2] = 0
-            first[torch.rand(b, generator=gen) < 0.2] = t - spec.steps
+            first[torch.rand(b, generator=gen) < 0.2] = t - spec.span
             self.first = first
         else:
             self.cache, self.tensors = self._hf_cache(b, t)
-            self.first = torch.full((b,), int(torch.randint(0, t - spec.steps + 1, (), generator=gen)))
+            self.first = torch.full((b,), int(torch.randint(0, t - spec.span + 1, (), generator=gen)))
         for i, c in enumerate(self.tensors):
             c.copy_(torch.randn(c.shape, generator=torch.Generator().manual_seed(spec.seed + i)))
-        self.ids = [torch.randint(0, VOCAB, (b, 1), generator=gen) for _ in range(spec.steps)]
+        self.ids = [torch.randint(0, VOCAB, (b, spec.tokens), generator=gen) for _ in range(spec.steps)]
 
     def _hf_cache(self, b: int, t: int):
         from transformers import StaticCache
@@ -113,26 +128,42 @@ class DecodeRun:
                        cache_position=torch.tensor([0]), use_cache=True)  # fmt: skip
         return cache, [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
-    def run_step(self, fn, i: int) -> list[torch.Tensor]:
+    def run_step(self, fn, i: int) -> tuple[list[torch.Tensor], Exact | None]:
         """Step ``i`` through ``fn`` (the compiled model) under the spec's input case; returns, per layer and cache
-        (k then v), a bool mask of the cache slots the step writes."""
-        pos = self.first + i
-        b, t = self.spec.batch, self.spec.cache_len
+        (k then v), a bool mask of the cache slots the step writes, and (engine form) the step run eagerly with
+        exact attention from the same cache."""
+        b, t, n = self.spec.batch, self.spec.cache_len, self.spec.tokens
+        positions = (self.first + i * n).view(b, 1) + torch.arange(n)  # [B, n]
         written = torch.zeros(b, 1, t, 1, dtype=torch.bool)
-        written[torch.arange(b), 0, pos, 0] = True
-        positions = pos.view(b, 1).clone()
+        written[torch.arange(b).view(b, 1), 0, positions, 0] = True
         with verify_cases()[self.spec.case].apply(self.model, (self.ids[i].clone(),)) as (ids,):
             if self.spec.dynamic == "batch":
                 for x in (ids, positions):
                     torch._dynamo.mark_dynamic(x, 0)
             if self.spec.model.form == "engine":
+                exact = self._exact(ids, positions)
                 fn(ids, positions, self.cache)
             else:
                 for layer in self.cache.layers:
                     if hasattr(layer, "cumulative_length"):  # transformers 5.x writes at the tokens counted
-                        layer.cumulative_length.fill_(int(pos[0]))
-                fn(input_ids=ids, past_key_values=self.cache, cache_position=pos[:1].clone(), use_cache=True)
-        return [written.expand(c.shape) for c in self.tensors]
+                        layer.cumulative_length.fill_(int(positions[0, 0]))
+                fn(input_ids=ids, past_key_values=self.cache, cache_position=positions[0].clone(), use_cache=True)
+                exact = None
+        return [written.expand(c.shape) for c in self.tensors], exact
+
+    def _exact(self, ids, positions) -> Exact:
+        """The engine step run eagerly on copies of the caches, its attention in fp32 throughout (``engine``'s
+        "fp32"): what ``decode_attention``'s numerics are held to, where the plain graph rounds scores and
+        probabilities to bf16 (tests/patterns/test_pass_gpu.py compares the same way)."""
+        cache = copy.copy(self.cache)
+        cache.k, cache.v = [t.clone() for t in self.cache.k], [t.clone() for t in self.cache.v]
+        saved, engine.DECODE_ATTENTION = engine.DECODE_ATTENTION, "fp32"
+        try:
+            with torch.no_grad():
+                logits = self.model(ids, positions, cache)
+        finally:
+            engine.DECODE_ATTENTION = saved
+        return Exact(logits, cache.k + cache.v)
 
     def mark_cache_dynamic(self) -> None:
         if self.spec.dynamic == "batch":
@@ -161,12 +192,13 @@ def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str
       may be symbolic;
     engine form (attention in plain torch)
     - ``decode_attention``: q / k / v one half dtype (else no candidate: nothing is rounded to a half dtype), at most
-      ``MAX_ROWS`` query rows per kv head (G heads x one token), head dim at most the kernel's; the batch and the
+      ``MAX_ROWS`` query rows per kv head (G heads x the step's tokens; static: under ``dynamic=True`` a
+      token count above one is symbolic), head dim at most the kernel's; the batch and the
       cache length may be symbolic, heads never are (a kv-head count Dynamo fixed by a guard is static);
-    - ``rope_attention``: both of the above, a power-of-two head dim of at least 16, and with q / k norms a
+    - ``rope_attention``: both of the above, one token per step, a power-of-two head dim of at least 16, and with q / k norms a
       batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
-    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate) and a batch x kv heads of at least
+    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), one token per step, and a batch x kv heads of at least
       ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers
@@ -185,18 +217,19 @@ def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str
     if m.form == "hf":
         if spec.groups > 1:
             candidates.add("gqa_attention")
-            if symbolic_batch or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS:
+            if spec.tokens == 1 and (symbolic_batch or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS):
                 out["gqa_attention"] = layers
         return out, candidates
     if m.dtype in HALF:
         candidates.add("decode_attention")
-        if spec.groups <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM:
+        static_rows = spec.tokens == 1 or spec.dynamic != "all"  # dynamic=True: more than one token is symbolic
+        if static_rows and spec.groups * spec.tokens <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM:
             out["decode_attention"] = layers
     if "decode_attention" in out and rope:
         candidates.add("rope_attention")
         pairs_ok = m.family != "qwen3" or (not symbolic_batch and spec.batch * m.kv_heads
                                            <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
-        if d >= 16 and pairs_ok:
+        if spec.tokens == 1 and d >= 16 and pairs_ok:
             out["rope_attention"] = layers
     return out, candidates
 

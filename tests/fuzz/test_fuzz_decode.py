@@ -60,11 +60,28 @@ def check_report(spec: DecodeSpec, capture) -> None:
     REASONS.update(d.reason for d in report.rejected)
 
 
-def check_call(run: DecodeRun, call, slots) -> None:
+def close(name: str, without: torch.Tensor, with_pass: torch.Tensor, exact: torch.Tensor | None) -> None:
+    """NaN / inf on the same positions, and within the contract's bound of each other; or, where the pass changed
+    the attention's numerics (``decode_attention`` does not round scores and probabilities to bf16 as the plain
+    graph does, and fp8 quantization downstream turns those ulps into whole fp8 steps), no farther from the exact
+    attention than the plain graph is, by ``tolerances.pass_vs_eager_bound``."""
+    c = verify.compare("decode", name, without, with_pass, REL_L2)
+    assert c.positions_agree, c
+    if c.ok:
+        return
+    assert exact is not None, c
+    err = verify.compare("decode", name, exact, with_pass, REL_L2).rel_l2
+    noise = verify.compare("decode", name, exact, without, REL_L2).rel_l2
+    note(f"{name}: with vs without {c.rel_l2:.4f}; vs exact attention: with {err:.4f}, without {noise:.4f}")
+    assert err <= tolerances.pass_vs_eager_bound(noise), (c, err, noise)
+    TALLY["decode outputs held to exact attention"] += 1
+
+
+def check_call(run: DecodeRun, call, slots, exact) -> None:
     for i, (a, b) in enumerate(zip(call.before, call.after)):
         if isinstance(a, torch.Tensor) and a.is_floating_point():
-            c = verify.compare("decode", str(i), a, b, REL_L2)
-            assert c.positions_agree and c.ok, c
+            logits = exact is not None and a.shape == exact.logits.shape
+            close(f"output {i}", a, b, exact.logits if logits else None)
     caches = {c.data_ptr(): k for k, c in enumerate(run.tensors)}
     written = set()
     for i, m in call.mutations.items():
@@ -76,8 +93,8 @@ def check_call(run: DecodeRun, call, slots) -> None:
         keep = ~slots[k]
         for name, t in (("without", m.without), ("with", m.with_pass)):
             assert same(t[keep], m.old[keep]), f"cache {k}: the step {name} the pass wrote outside its slots"
-        c = verify.compare("decode", f"cache {k}", m.without[slots[k]], m.with_pass[slots[k]], REL_L2)
-        assert c.positions_agree and c.ok, c
+        close(f"cache {k}", m.without[slots[k]], m.with_pass[slots[k]],
+              None if exact is None else exact.caches[k][slots[k]])
     assert written == set(range(len(run.tensors))), f"caches written: {sorted(written)}"
 
 
@@ -100,18 +117,26 @@ def check_call(run: DecodeRun, call, slots) -> None:
     # SDPA used to refuse it (kv_heads_dynamic), losing gqa_attention
     spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 8, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=12, steps=2, dynamic="all"))
+@example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
+    # token (rows 2 x 3), rope_attention reported (it takes one token), the three slots per row written
+    spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="static", tokens=3))
+@example(  # as the long profile found: Qwen2 engine, 2 layers, layer 1's v slot 0.057 rel L2 from the plain graph's
+    # (its bf16 scores / probabilities through fp8 quants); with the pass it equals exact attention's bit for bit
+    spec=DecodeSpec(DecoderSpec("qwen2", "engine", 384, 128, 4, 2, 96, 2, 1e-6, True, False, "bf16", False, False,
+                                ((1, 1),), seed=583), batch=1, cache_len=4, steps=2, dynamic="static", seed=1))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
     rec = Recorder()
     compiled, floats = _compile(run, rec)
     with torch.no_grad(), floats:
-        slots = [run.run_step(compiled, i) for i in range(spec.steps)]
+        steps = [run.run_step(compiled, i) for i in range(spec.steps)]
     assert rec.captures and len(rec.calls) == spec.steps
     for capture in rec.captures:
         check_report(spec, capture)
-    for call, written in zip(rec.calls, slots):
-        check_call(run, call, written)
+    for call, (written, exact) in zip(rec.calls, steps):
+        check_call(run, call, written, exact)
         TALLY["decode steps"] += 1
     TALLY[f"decode models {spec.model.form} {spec.dynamic}"] += 1
     TALLY[f"decode inputs {spec.case}"] += spec.steps
