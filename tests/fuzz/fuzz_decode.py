@@ -21,6 +21,7 @@ from fuzz_models import VOCAB, DecoderSpec, build
 from hypothesis import strategies as st
 
 from fp8_fusion_pass import guards, verify
+from fp8_fusion_pass.config import FusionConfig
 from fp8_fusion_pass.kernels import ops as _ops
 from fp8_fusion_pass.models import engine
 from fp8_fusion_pass.patterns import decode_attention, rope_attention
@@ -29,6 +30,10 @@ HALF = ("bf16", "fp16")
 # Inputs: fresh random tokens (weighted), or one of verify's pathologies in a token's embedding row: NaN in batch row
 # 0 and inf in the last (the other rows must stay finite: no kernel may mix rows), every other row zero, x1e4.
 CASES = ("random-1", "random-1", "random-2", "nan", "inf", "zero-rows", "large", "outlier")
+# The decode-time rewrites a user may switch off, one by one or together (the rewrites after them must cope)
+SWITCHES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention", "gqa_attention", "quant_gemm",
+            "gemm_silu_quant", "group_gemm", "inline_norm")
+switched_off = st.lists(st.sampled_from(SWITCHES), min_size=1, max_size=3, unique=True)  # a third of the steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +46,11 @@ class DecodeSpec:
     seed: int = 0
     case: str = "random-1"  # verify.CASES: the input, or a pathology written into one token's embedding row
     tokens: int = 1  # per row and step: 1 is decode; 2-3 a speculative-decoding check or a prefill chunk
+    disabled: tuple[str, ...] = ()  # FusionConfig switches turned off (FP8_FUSION_DISABLE): the rest must cope
+
+    @property
+    def config(self) -> FusionConfig:
+        return FusionConfig(**{name: False for name in self.disabled})
 
     @property
     def span(self) -> int:
@@ -53,7 +63,7 @@ class DecodeSpec:
 
     def short(self) -> str:
         return (f"{self.model.short()} | decode batch={self.batch} T={self.cache_len} steps={self.steps} "
-                f"tokens={self.tokens} {self.dynamic} {self.case}")
+                f"tokens={self.tokens} {self.dynamic} {self.case} off={','.join(self.disabled) or '-'}")
 
 
 @st.composite
@@ -84,7 +94,8 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
     return DecodeSpec(model, batch=batch,
                       cache_len=draw(st.integers(4, 40)), steps=draw(st.integers(1, 2)), dynamic=dynamic,
                       seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)),
-                      tokens=draw(st.sampled_from((1, 1, 1, 2, 3))))  # fmt: skip
+                      tokens=draw(st.sampled_from((1, 1, 1, 2, 3))),
+                      disabled=tuple(sorted(draw(st.one_of(st.just(()), st.just(()), switched_off)))))
 
 
 # ---------------------------------------------------------------- the model, its cache and its steps
@@ -204,28 +215,31 @@ def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str
     m, layers = spec.model, spec.model.layers
     d, bf16 = m.head_dim, m.dtype == "bf16"
     rope_name = "norm_rope" if m.family == "qwen3" else "qk_rope"
-    rope = bf16 and _pow2(d) and d <= 1024
+    off = set(spec.disabled)  # a rewrite switched off applies nowhere and needs no rejection per site
+    rope = bf16 and _pow2(d) and d <= 1024 and rope_name not in off
     symbolic_batch = spec.dynamic != "static" and spec.batch > 1  # Dynamo specializes a size of 1
-    out, candidates = {}, {rope_name}
+    out, candidates = {}, {rope_name} - off
     if m.form == "hf" and m.family == "qwen3" and not bf16:
         # HF's q / k norms in another dtype are rejected by the first norm matcher (norm_quant, dtype_not_bf16)
         # before norm_rope sees them; fuzz_harness.unexplained checks that every norm left is named
         candidates.discard(rope_name)
     if rope:
-        out[rope_name] = out["rope_cache"] = layers
-        candidates.add("rope_cache")
+        out[rope_name] = layers
+        if "rope_cache" not in off:
+            out["rope_cache"] = layers
+            candidates.add("rope_cache")
     if m.form == "hf":
-        if spec.groups > 1:
+        if spec.groups > 1 and "gqa_attention" not in off:
             candidates.add("gqa_attention")
             if spec.tokens == 1 and (symbolic_batch or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS):
                 out["gqa_attention"] = layers
         return out, candidates
-    if m.dtype in HALF:
+    if m.dtype in HALF and "decode_attention" not in off:
         candidates.add("decode_attention")
         static_rows = spec.tokens == 1 or spec.dynamic != "all"  # dynamic=True: more than one token is symbolic
         if static_rows and spec.groups * spec.tokens <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM:
             out["decode_attention"] = layers
-    if "decode_attention" in out and rope:
+    if "decode_attention" in out and "rope_cache" in out and "rope_attention" not in off:
         candidates.add("rope_attention")
         pairs_ok = m.family != "qwen3" or (not symbolic_batch and spec.batch * m.kv_heads
                                            <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip

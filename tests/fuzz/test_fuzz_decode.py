@@ -125,10 +125,15 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # (its bf16 scores / probabilities through fp8 quants); with the pass it equals exact attention's bit for bit
     spec=DecodeSpec(DecoderSpec("qwen2", "engine", 384, 128, 4, 2, 96, 2, 1e-6, True, False, "bf16", False, False,
                                 ((1, 1),), seed=583), batch=1, cache_len=4, steps=2, dynamic="static", seed=1))
+@example(  # switches off, as FP8_FUSION_DISABLE=rope_cache,inline_norm: the attention still fused, rope_attention
+    # without its RoPE-cache op has no candidate, the q / k norms stay aten ops
+    spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=2, cache_len=6, steps=1, dynamic="static",
+                    disabled=("inline_norm", "rope_cache")))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
-    rec = Recorder()
+    rec = Recorder(spec.config)
     compiled, floats = _compile(run, rec)
     with torch.no_grad(), floats:
         steps = [run.run_step(compiled, i) for i in range(spec.steps)]
@@ -140,3 +145,5 @@ def test_random_decode_steps(spec: DecodeSpec):
         TALLY["decode steps"] += 1
     TALLY[f"decode models {spec.model.form} {spec.dynamic}"] += 1
     TALLY[f"decode inputs {spec.case}"] += spec.steps
+    for name in spec.disabled:
+        TALLY[f"decode models with {name} off"] += 1
