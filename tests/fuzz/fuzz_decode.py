@@ -91,11 +91,10 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
     batch = draw(st.sampled_from((1, 2, 3, 5, 8, 16, 20)))
     if batch == 1 and dynamic == "batch":  # Dynamo refuses a dynamic dim of size 1 (it specializes 0 / 1)
         dynamic = "static"
-    return DecodeSpec(model, batch=batch,
-                      cache_len=draw(st.integers(4, 40)), steps=draw(st.integers(1, 2)), dynamic=dynamic,
-                      seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)),
-                      tokens=draw(st.sampled_from((1, 1, 1, 2, 3))),
-                      disabled=tuple(sorted(draw(st.one_of(st.just(()), st.just(()), switched_off)))))
+    steps, tokens = draw(st.integers(1, 2)), draw(st.sampled_from((1, 1, 1, 2, 3)))
+    return DecodeSpec(model, batch=batch, cache_len=draw(st.integers(max(4, steps * tokens), 40)), steps=steps,
+                      dynamic=dynamic, seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)),
+                      tokens=tokens, disabled=tuple(sorted(draw(st.one_of(st.just(()), st.just(()), switched_off)))))
 
 
 # ---------------------------------------------------------------- the model, its cache and its steps
@@ -111,6 +110,9 @@ class DecodeRun:
     """A built model, its cache (random contents, as after a prefill), and ``spec.steps`` steps over it."""
 
     def __init__(self, spec: DecodeSpec) -> None:
+        if spec.cache_len < spec.span:
+            raise ValueError(f"{spec.steps} steps of {spec.tokens} tokens need {spec.span} slots, the cache has "
+                             f"{spec.cache_len}")
         self.spec = spec
         self.model = build(spec.model)
         gen = torch.Generator().manual_seed(spec.seed)
