@@ -1,5 +1,5 @@
 """Random decode steps for the fuzz tests: a model from ``fuzz_models``, a static KV cache full of random keys and
-values, one token per batch row at random positions, and the attention rewrites the pass must apply to it (an
+values, 1-3 tokens per batch row at random positions, and the attention rewrites the pass must apply to it (an
 oracle written from the guards' rules in DESIGN.md / docs/guards.md, independent of the pass's code).
 
 The engine form (``models.engine``) writes each row's token at its own position (``index_put_``) and attends in
@@ -41,7 +41,7 @@ class DecodeSpec:
     model: DecoderSpec  # its shapes are unused: the step's are below
     batch: int
     cache_len: int
-    steps: int  # decode steps, each one position further
+    steps: int  # decode steps, each ``tokens`` positions further
     dynamic: str  # "static" | "batch" | "all"
     seed: int = 0
     case: str = "random-1"  # verify.CASES: the input, or a pathology written into one token's embedding row
