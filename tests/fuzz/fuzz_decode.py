@@ -195,7 +195,14 @@ def _pow2(n: int) -> bool:
     return n & (n - 1) == 0
 
 
-def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str]]:
+@dataclasses.dataclass
+class Expected:
+    counts: dict  # rewrite -> report count (each layer once)
+    candidates: set  # rewrites with a candidate in the graph: each one not applied is rejected, per layer
+    either: set  # rewrites that may apply or be rejected (a size Dynamo may or may not have made static)
+
+
+def expected_attention_counts(spec: DecodeSpec) -> Expected:
     """The attention rewrites the pass must apply to a decode step of ``spec`` (report counts, each layer once), and
     the rewrites that have a candidate in its graph (each one not applied must be rejected, with a reason, per layer):
 
@@ -220,7 +227,7 @@ def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str
     off = set(spec.disabled)  # a rewrite switched off applies nowhere and needs no rejection per site
     rope = bf16 and _pow2(d) and d <= 1024 and rope_name not in off
     symbolic_batch = spec.dynamic != "static" and spec.batch > 1  # Dynamo specializes a size of 1
-    out, candidates = {}, {rope_name} - off
+    out, candidates, either = {}, {rope_name} - off, set()
     if m.form == "hf" and m.family == "qwen3" and not bf16:
         # HF's q / k norms in another dtype are rejected by the first norm matcher (norm_quant, dtype_not_bf16)
         # before norm_rope sees them; fuzz_harness.unexplained checks that every norm left is named
@@ -235,19 +242,22 @@ def expected_attention_counts(spec: DecodeSpec) -> tuple[dict[str, int], set[str
             candidates.add("gqa_attention")
             if spec.tokens == 1 and (symbolic_batch or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS):
                 out["gqa_attention"] = layers
-        return out, candidates
+        return Expected(out, candidates, set())
     if m.dtype in HALF and "decode_attention" not in off:
         candidates.add("decode_attention")
-        static_rows = spec.tokens == 1 or spec.dynamic != "all"  # dynamic=True: more than one token is symbolic
-        if static_rows and spec.groups * spec.tokens <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM:
+        if spec.groups * spec.tokens <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM:
             out["decode_attention"] = layers
+        if spec.tokens > 1 and spec.dynamic == "all":  # the token count is symbolic (rows: kv_heads_dynamic) unless
+            either.add("decode_attention")  # duck sizing made it a static size it equals (3 tokens, 3 heads)
     if "decode_attention" in out and "rope_cache" in out and "rope_attention" not in off:
         candidates.add("rope_attention")
         pairs_ok = m.family != "qwen3" or (not symbolic_batch and spec.batch * m.kv_heads
                                            <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
         if spec.tokens == 1 and d >= 16 and pairs_ok:
             out["rope_attention"] = layers
-    return out, candidates
+    if "decode_attention" in either:
+        either.add("rope_attention")  # a candidate only where the attention was taken
+    return Expected(out, candidates, either)
 
 
 ATTENTION_REWRITES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention", "gqa_attention")

@@ -45,12 +45,18 @@ def check_report(spec: DecodeSpec, capture) -> None:
     assert not missing_meta, missing_meta
     assert not raw_symbols(capture.after), raw_symbols(capture.after)
     counts = report.counts()
-    want, candidates = expected_attention_counts(spec)
-    got = {k: counts[k] for k in ATTENTION_REWRITES if counts.get(k)}
+    expected = expected_attention_counts(spec)
+    got = {k: counts[k] for k in ATTENTION_REWRITES if counts.get(k) and k not in expected.either}
+    want = {k: n for k, n in expected.counts.items() if k not in expected.either}
     assert got == want, (got, want, report.render())
     rejected = [d.pattern for d in report.rejected]
-    for name in candidates - want.keys():  # a candidate not taken is one the report names, in every layer
+    for name in expected.candidates - want.keys() - expected.either:  # not taken: named in every layer's report
         assert rejected.count(name) >= spec.model.layers, (name, report.render())
+    for name in expected.either:  # applied in every layer, or rejected in every layer where it had a candidate
+        assert counts.get(name, 0) in (0, spec.model.layers), (name, report.render())
+        has_candidate = name in expected.candidates and (name != "rope_attention" or counts.get("decode_attention"))
+        if has_candidate and not counts.get(name):
+            assert rejected.count(name) >= spec.model.layers, (name, report.render())
     assert applied_counts(report) == expected_counts(spec.model), report.render()
     assert unexplained(capture) == [], report.render()
     TALLY["decode graphs"] += 1
@@ -130,6 +136,11 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=2, cache_len=6, steps=1, dynamic="static",
                     disabled=("inline_norm", "rope_cache")))
+@example(  # found by the long profile: dynamic=True with 3 tokens, which duck sizing tied to the 3 heads: a static
+    # token count after all, so the attention was taken (either outcome is right; the oracle had said rejected)
+    spec=DecodeSpec(DecoderSpec("qwen3", "engine", 129, 128, 3, 3, 16, 1, 1e-6, True, False, "bf16", False, False,
+                                ((1, 1),), seed=3633), batch=1, cache_len=36, steps=2, dynamic="all", seed=261,
+                    tokens=3))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
