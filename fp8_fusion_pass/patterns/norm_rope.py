@@ -54,8 +54,14 @@ NAME = "norm_rope"
 _END = 2**63 - 1  # slice(x, dim, start) with no end, as traced
 
 
+def data_users(node: Node) -> list[Node]:
+    """``node``'s users that read its values, not only its shape (a dynamic graph's ``sym_size`` reads)."""
+    return [u for u in node.users if not _is(u, aten.sym_size.int)]
+
+
 def _only_user(node: Node) -> Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
+    users = data_users(node)
+    return users[0] if len(users) == 1 else None
 
 
 def _is(node, target) -> bool:
@@ -109,9 +115,10 @@ def rope_chain(norm: Norm) -> dict | None:
     """The RoPE after ``norm`` as ``reference.rope`` traces (module docstring), or None: ``{"out": the add,
     "cos", "sin": the tables, "nodes": every node of the chain}``."""
     x = _graph.val(norm.x)
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or not isinstance(x.shape[-1], int):
+    d = _graph.static_int(x.shape[-1]) if isinstance(x, torch.Tensor) and x.dim() == 4 else None
+    if d is None:
         return None
-    half = x.shape[-1] // 2
+    half = d // 2
     p = _only_user(norm.out)
     if not _is(p, aten.permute.default) or list(p.args[1]) != [0, 2, 1, 3] or len(p.users) != 3:
         return None
@@ -120,7 +127,8 @@ def rope_chain(norm: Norm) -> dict | None:
         if _is(u, aten.mul.Tensor):
             mul_cos = u
         elif _is(u, aten.slice.Tensor) and u.args[1] in (3, -1) and u.args[0] is p and (list(u.args[4:]) or [1]) == [1]:
-            start, end = (list(u.args[2:4]) + [None, None])[:2]
+            start, end = (_graph.static_int(_graph.val(a)) if isinstance(a, Node) else a
+                          for a in (list(u.args[2:4]) + [None, None])[:2])  # a bound may be a size's node
             if start == half and end in (None, _END, 2 * half):
                 hi = u
             elif start in (0, None) and end == half:

@@ -36,8 +36,9 @@ def heads(graph: Graph) -> list[Norm]:
     """Every ``reshape`` to a 4-D tensor whose only user is a ``permute(0, 2, 1, 3)``, as a norm-less ``Norm``."""
     out = []
     for n in graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.aten.reshape.default and len(n.users) == 1:
-            p = next(iter(n.users))
+        users = norm_rope.data_users(n) if n.op == "call_function" else []
+        if n.target is torch.ops.aten.reshape.default and len(users) == 1:  # sym_size reads of its shape aside
+            p = users[0]
             if p.target is torch.ops.aten.permute.default and list(p.args[1]) == [0, 2, 1, 3]:
                 out.append(Norm(n, n, None, None))
     return out
