@@ -31,9 +31,9 @@ def val(node):
 
 
 def static_int(n) -> int | None:
-    """``n`` as an int when it is one in this graph: an int, or a SymInt whose expression is a number (a size that
+    """``n`` as an int when it is one in this graph: an int, a SymInt whose expression is a number (a size that
     Dynamo marked dynamic and then specialized by a guard, as ``dynamic=True`` does to a cache's kv heads that must
-    equal the model's); None for a size that can vary."""
+    equal the model's), or one the shape env proves equal to its hint; None for a size that can vary."""
     if isinstance(n, int):
         return n
     if isinstance(n, torch.SymInt) and n.node.expr.is_number:

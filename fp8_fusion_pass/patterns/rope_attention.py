@@ -55,17 +55,21 @@ _op = _graph.is_call
 MAX_NORM_PAIRS = 256
 
 
+def _rope_op_of_q(node: Node) -> Node | None:
+    """The auto_functionalized_v2 node of a ``*_rope_cache`` op when ``node`` is its q output, else None."""
+    if not (_op(node, operator.getitem) and node.args[1] == 0):
+        return None
+    af = node.args[0]
+    return af if _op(af, auto_functionalized_v2) and af.args and af.args[0] in ROPE_CACHE else None
+
+
 def _rope_q(att: Node) -> tuple[Node | None, list[Node]]:
     """(the auto_functionalized_v2 node of a ``*_rope_cache`` op, the views between its q output and ``att``), or
     (None, []) when the attention's q is not that op's q through reshapes / same-shape expands."""
     chain = []
     node = _graph.through_views(att.args[0], chain)
-    if not (_op(node, operator.getitem) and node.args[1] == 0):
-        return None, []
-    af = node.args[0]
-    if not (_op(af, auto_functionalized_v2) and af.args and af.args[0] in ROPE_CACHE):
-        return None, []
-    return af, [node, *chain]
+    af = _rope_op_of_q(node)
+    return (af, [node, *chain]) if af is not None else (None, [])
 
 
 # What lies between a RoPE op's q and an attention that reads it as other rows: a copy or permute (several tokens
@@ -79,11 +83,7 @@ def _rope_q_through_copies(att: Node) -> Node | None:
     node = att.args[0]
     while _op(node, *_LAYOUT):
         node = node.args[0]
-    if _op(node, operator.getitem) and node.args[1] == 0:
-        af = node.args[0]
-        if _op(af, auto_functionalized_v2) and af.args and af.args[0] in ROPE_CACHE:
-            return af
-    return None
+    return _rope_op_of_q(node)
 
 
 def _outputs(af: Node) -> dict[int, Node]:
