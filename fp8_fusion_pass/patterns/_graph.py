@@ -44,6 +44,26 @@ def static_int(n) -> int | None:
     return None
 
 
+def static_size_read(node) -> int | None:
+    """The number a ``sym_size`` read gives when this graph fixes it (``static_int``), else None: such a read is no
+    reason to keep what it reads, since the number can stand in for it (``fold_static_size_reads``)."""
+    if not is_call(node, aten.sym_size.int):
+        return None
+    return static_int(val(node))
+
+
+def fold_static_size_reads(nodes) -> None:
+    """Every ``sym_size`` read of ``nodes`` that ``static_size_read`` fixes becomes its number in its readers'
+    arguments, and goes. A rewrite calls this before it erases ``nodes``: a size read left on one (a dynamic graph's,
+    e.g. the kv heads of the scores' view, read for the mask's expand) would keep it, and what it reads, alive."""
+    for node in nodes:
+        for read in [u for u in node.users if static_size_read(u) is not None]:
+            number = static_size_read(read)
+            for reader in list(read.users):
+                reader.replace_input_with(read, number)
+            node.graph.erase_node(read)
+
+
 def reshape_sizes(shape) -> list[int] | None:
     """``shape`` as a reshape's sizes: its static sizes as ints, one symbolic size as -1 (a SymInt object in a node's
     arguments would not be a graph value Inductor can read); None when more than one size is symbolic."""

@@ -281,7 +281,7 @@ class Match:
             return on_device
         readers = [n for n in self.nodes[1:] if n not in (self.k_cache, self.v_cache)]
         for n in readers:
-            extra = [u for u in n.users if u not in self.nodes]
+            extra = [u for u in n.users if u not in self.nodes and _graph.static_size_read(u) is None]
             if extra:
                 return guards.reject("attention_not_plain", f"{n.name} is also read by {extra[0].name}")
         return guards.OK
@@ -369,7 +369,9 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
         out = e.call(aten.reshape.default, o, [-1, r, d])
     masks.setdefault(key, keep)
     m.out.replace_all_uses_with(out)
-    _graph.erase_dead(graph, [n for n in m.nodes if n not in (m.k_cache, m.v_cache)] + [m.mask])
+    gone = [n for n in m.nodes if n not in (m.k_cache, m.v_cache)]
+    _graph.fold_static_size_reads(gone)
+    _graph.erase_dead(graph, gone + [m.mask])
     seen = "slots up to each batch row's position (no mask, no slot after it read)" if upto else "a mask"
     quant = ""
     if upto is not None:

@@ -93,7 +93,7 @@ def _only_user_chain(chain: list[Node], sdpa: Node) -> bool:
     shared."""
     reader = sdpa
     for node in chain[:-1]:
-        if list(node.users) != [reader]:
+        if [u for u in node.users if _graph.static_size_read(u) is None] != [reader]:
             return False
         reader = node
     return True
@@ -162,6 +162,7 @@ def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
         new = e.call(sdpa.target, **new_kw)
         out = e.call(aten.reshape.default, e.call(operator.getitem, new, 0), [-1, hq, 1, d])
     old_out.replace_all_uses_with(out)
+    _graph.fold_static_size_reads([*k[2], *v[2]])
     _graph.erase_dead(graph, [old_out, sdpa, *k[2], *v[2]])
     op = sdpa.target._schema.name.split("::")[-1]
     return f"{op}, {g} query heads per kv head, cache {list(_graph.val(k[0]).shape)}: reads the cache, no copy"

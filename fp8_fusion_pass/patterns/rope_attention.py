@@ -106,7 +106,7 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
         return no(f"the RoPE op writes views of its cache bases ({views}), not the bases whole")
     if (att.args[1], att.args[2]) != (outs.get(1), outs.get(2)):
         return no("the attention does not read the caches this RoPE op wrote")
-    readers = [u for n in q_chain for u in n.users if u not in (*q_chain, att)]
+    readers = [u for n in q_chain for u in n.users if u not in (*q_chain, att) and _graph.static_size_read(u) is None]
     if readers:
         return no(f"the RoPE op's q is also read by {readers[0].name}")
     q = _graph.val(af.kwargs["q"])
@@ -147,6 +147,7 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
         att.replace_all_uses_with(o)
     outs[1].replace_all_uses_with(k_cache)
     outs[2].replace_all_uses_with(v_cache)
+    _graph.fold_static_size_reads(q_chain)
     _graph.erase_dead(graph, [*att.users, att, *reversed(q_chain), outs[1], outs[2], af])
     stable_topological_sort(graph)
     norm = "q / k norms, " if kw.get("wq") is not None else ""
