@@ -10,6 +10,7 @@ import operator
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import Graph, Node
+from torch.fx.node import map_arg
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import ops as _ops  # noqa: F401  (registers torch.ops.fp8_fusion.*)
@@ -59,8 +60,9 @@ def fold_static_size_reads(nodes) -> None:
     for node in nodes:
         for read in [u for u in node.users if static_size_read(u) is not None]:
             number = static_size_read(read)
-            for reader in list(read.users):
-                reader.replace_input_with(read, number)
+            for reader in list(read.users):  # not replace_input_with: its replace hooks take a node's name
+                swap = lambda a: number if a is read else a  # noqa: E731
+                reader.args, reader.kwargs = map_arg(reader.args, swap), map_arg(reader.kwargs, swap)
             node.graph.erase_node(read)
 
 
