@@ -5,13 +5,14 @@ consumers of a quant, shape strings for the report, and an all-or-nothing edit (
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import Graph, Node
-from torch.fx.node import map_arg
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.node import map_arg
 
 from ..kernels import ops as _ops  # noqa: F401  (registers torch.ops.fp8_fusion.*)
 
@@ -61,9 +62,13 @@ def fold_static_size_reads(nodes) -> None:
         for read in [u for u in node.users if static_size_read(u) is not None]:
             number = static_size_read(read)
             for reader in list(read.users):  # not replace_input_with: its replace hooks take a node's name
-                swap = lambda a: number if a is read else a  # noqa: E731
-                reader.args, reader.kwargs = map_arg(reader.args, swap), map_arg(reader.kwargs, swap)
+                reader.args = map_arg(reader.args, functools.partial(_swap, read, number))
+                reader.kwargs = map_arg(reader.kwargs, functools.partial(_swap, read, number))
             node.graph.erase_node(read)
+
+
+def _swap(old: Node, new, arg):
+    return new if arg is old else arg
 
 
 def reshape_sizes(shape) -> list[int] | None:
@@ -233,7 +238,7 @@ class Edit:
         self.new.append(node)
         return node
 
-    def __enter__(self) -> "Edit":
+    def __enter__(self) -> Edit:
         self._ctx.__enter__()
         return self
 

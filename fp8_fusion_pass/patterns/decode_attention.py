@@ -24,7 +24,8 @@ be Inductor's row-padded one (``pad_mm``: ``bmm(cat([a, zeros], 1), b)[:, :m]``,
 the softmax's input is fp32 ``scale * scores`` (or the scores alone) where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
 values a [B, Hkv, T, D] tensor, nothing else reading any step and a 4-D mask (``attention_not_plain``; an additive
 mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static rows,
-head dim and kv heads (``kv_heads_dynamic``); at most ``MAX_ROWS`` rows per kv head (``attention_rows_above_decode``:
+head dim and kv heads (``kv_heads_dynamic``; a symbolic kv head count of the cache's own is pinned by a guard where
+that makes the rows static: ``_pin_kv_heads``); at most ``MAX_ROWS`` rows per kv head (``attention_rows_above_decode``:
 at prefill the rows are many and the GEMMs are compute-bound, which the decode kernel is not built for); a kernel
 for the device (``no_fused_kernel``).
 """
@@ -36,7 +37,7 @@ import operator
 
 import torch
 from torch.fx import Graph, Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import guard_int, statically_known_true
 
 from .. import guards
 from ..kernels import ops as _ops
@@ -259,6 +260,8 @@ class Match:
             return guards.reject("attention_not_plain", f"scores {_graph.shape_str(s=s4)} are not [B, Hkv, R, T]")
         b, hkv, r, t = s4.shape
         d = q3.shape[-1]
+        if _pin_kv_heads(hkv, r, b, t):
+            b, hkv, r, t = s4.shape
         if any(_graph.static_int(n) is None for n in (hkv, r, d)):
             return guards.reject("kv_heads_dynamic", f"kv heads {hkv}, rows {r}, head dim {d}: only the batch and the "
                                  "cache length may be symbolic")
@@ -285,6 +288,24 @@ class Match:
             if extra:
                 return guards.reject("attention_not_plain", f"{n.name} is also read by {extra[0].name}")
         return guards.OK
+
+
+def _pin_kv_heads(hkv, r, b, t) -> bool:
+    """A symbolic kv head count that is the cache's own size (no batch or cache length in it) is fixed to the number
+    it has, by a guard, where that makes the rows per kv head static too: True if so. ``dynamic=True`` makes every
+    cache dim symbolic, and where nothing in the model fixed the heads (an engine reading them from the cache's
+    shape, with no RoPE-cache rewrite whose op checks them against k's) the rows are ``heads // s``. One model's
+    caches always have its kv heads: the guard costs no recompile, and a cache with another count gets its own
+    compile (the guard fails), never this graph."""
+    if not isinstance(hkv, torch.SymInt) or _graph.static_int(hkv) is not None or hkv.node.hint is None:
+        return False
+    s = hkv.node.expr
+    others = set().union(*(n.node.expr.free_symbols for n in (b, t) if isinstance(n, torch.SymInt)))
+    rows = r.node.expr.free_symbols if isinstance(r, torch.SymInt) else set()
+    if not s.is_Symbol or s in others or not rows <= {s}:
+        return False  # shared with the batch or the cache length (duck sizing), or the rows vary besides: as it was
+    guard_int(hkv)
+    return True
 
 
 def _in_order(node: Node) -> bool:

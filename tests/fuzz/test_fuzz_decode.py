@@ -25,6 +25,7 @@ from fuzz_stats import REASONS, TALLY, profile
 from hypothesis import example, given, note
 
 from fp8_fusion_pass import verify
+from fp8_fusion_pass.models.engine import KVCache
 
 REL_L2 = tolerances.MODEL_PASS_VS_NO_PASS_REL_ERR
 
@@ -149,6 +150,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # scores' view had a sym_size read of its kv heads (for the mask's expand), and decode_attention refused it
     spec=DecodeSpec(DecoderSpec("qwen2", "engine", 64, 128, 4, 2, 16, 1, 1e-6, True, False, "bf16", False, False,
                                 ((1, 1),)), batch=2, cache_len=4, steps=1, dynamic="all", case="random-1"))
+@example(  # found by the sixth long soak: dynamic=True at batch 1 in fp16 (no RoPE-cache rewrite to fix them): the kv
+    # heads stayed symbolic (rows 4 // s), and decode_attention refused them (kv_heads_dynamic); now pinned by a guard
+    spec=DecodeSpec(DecoderSpec("qwen2", "engine", 64, 128, 4, 2, 16, 1, 1e-6, True, False, "fp16", False, False,
+                                ((1, 1),)), batch=1, cache_len=4, steps=1, dynamic="all", case="random-1"))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
@@ -166,3 +171,28 @@ def test_random_decode_steps(spec: DecodeSpec):
     TALLY[f"decode inputs {spec.case}"] += spec.steps
     for name in spec.disabled:
         TALLY[f"decode models with {name} off"] += 1
+
+
+def test_a_kv_head_count_the_pass_pins_is_guarded():
+    """Under ``dynamic=True`` at batch 1 in fp16 (no RoPE-cache rewrite, whose op would fix them) an engine step's
+    kv heads stay symbolic; ``decode_attention`` fixes them by a guard (``_pin_kv_heads``) and takes the attention.
+    The guard must reach Dynamo's: a cache with another count (4: two query heads each, which the plain graph runs,
+    and nothing else in it guards against) gets a compile of its own, never the graph fused for 2."""
+    spec = DecodeSpec(DecoderSpec("qwen2", "engine", 64, 128, 8, 2, 16, 1, 1e-6, True, False, "fp16", False, False,
+                                  ((1, 1),)), batch=1, cache_len=4, steps=1, dynamic="all")  # fmt: skip
+    run = DecodeRun(spec)
+    rec = Recorder(spec.config)
+    compiled, floats = _compile(run, rec)
+    wide = KVCache(1, 1, 4, 4, 16, torch.float16)
+    for c in wide.k + wide.v:
+        c.normal_()
+    with torch.no_grad(), floats:
+        run.run_step(compiled, 0)
+        compiled(run.ids[0], torch.tensor([[2]]), wide)
+    assert len(rec.captures) == 2, [c.report.render() for c in rec.captures]
+    for capture in rec.captures:
+        assert capture.report.counts().get("decode_attention") == 1, capture.report.render()
+    for call in rec.calls:  # each graph, with and without the pass, on its own cache
+        for a, b in zip(call.before, call.after):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                assert verify.compare("decode", "out", a, b, REL_L2).ok
