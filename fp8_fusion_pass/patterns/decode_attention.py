@@ -260,7 +260,7 @@ class Match:
             return guards.reject("attention_not_plain", f"scores {_graph.shape_str(s=s4)} are not [B, Hkv, R, T]")
         b, hkv, r, t = s4.shape
         d = q3.shape[-1]
-        if _pin_kv_heads(hkv, r, b, t):
+        if _pin_kv_heads(hkv, r):
             b, hkv, r, t = s4.shape
         if any(_graph.static_int(n) is None for n in (hkv, r, d)):
             return guards.reject("kv_heads_dynamic", f"kv heads {hkv}, rows {r}, head dim {d}: only the batch and the "
@@ -290,20 +290,20 @@ class Match:
         return guards.OK
 
 
-def _pin_kv_heads(hkv, r, b, t) -> bool:
-    """A symbolic kv head count that is the cache's own size (no batch or cache length in it) is fixed to the number
-    it has, by a guard, where that makes the rows per kv head static too: True if so. ``dynamic=True`` makes every
-    cache dim symbolic, and where nothing in the model fixed the heads (an engine reading them from the cache's
-    shape, with no RoPE-cache rewrite whose op checks them against k's) the rows are ``heads // s``. One model's
-    caches always have its kv heads: the guard costs no recompile, and a cache with another count gets its own
-    compile (the guard fails), never this graph."""
+def _pin_kv_heads(hkv, r) -> bool:
+    """A symbolic kv head count is fixed to the number it has, by a guard, where that makes the rows per kv head
+    static too: True if so. ``dynamic=True`` makes every cache dim symbolic, and where nothing in the model fixed
+    the heads (an engine reading them from the cache's shape, with no RoPE-cache rewrite whose op checks them
+    against k's) the rows are ``heads // s``. One model's caches always have its kv heads: the guard costs no
+    recompile, and a cache with another count gets its own compile (the guard fails), never this graph. A symbol
+    the batch or the cache length shares (duck sizing: batch 4 and 4 kv heads) is pinned with them, which costs no
+    compile either: Dynamo already guards those sizes equal, and the kv heads can take one value."""
     if not isinstance(hkv, torch.SymInt) or _graph.static_int(hkv) is not None or hkv.node.hint is None:
         return False
     s = hkv.node.expr
-    others = set().union(*(n.node.expr.free_symbols for n in (b, t) if isinstance(n, torch.SymInt)))
     rows = r.node.expr.free_symbols if isinstance(r, torch.SymInt) else set()
-    if not s.is_Symbol or s in others or not rows <= {s}:
-        return False  # shared with the batch or the cache length (duck sizing), or the rows vary besides: as it was
+    if not s.is_Symbol or not rows <= {s}:
+        return False  # the rows vary besides (a symbolic token count): as it was, kv_heads_dynamic
     guard_int(hkv)
     return True
 
