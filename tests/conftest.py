@@ -35,10 +35,13 @@ if not torch.cuda.is_available():
     # The same for the processes the tests start (examples, CLI, benchmarks' dry runs, cache workers): with ATen's
     # CPU capability "default", Inductor picks no vector ISA there either (test_examples and test_cli_compile side by
     # side, cold caches: 282 s against 308 s). Their eager ATen kernels run scalar too. This process's ATen reads
-    # the variable lazily, so it reads it first: the in-process tests keep their vector kernels. A value set by the
-    # caller stays.
+    # the variable lazily, so it reads it first (pytest-xdist's workers are such started processes, and inherit it).
+    # A value set by the caller stays. Not on a CPU with AMX: there ATen's bf16 CPU flash attention packs its
+    # operands for AMX whatever the capability, and below AVX512 it raises ("pack_vnni2 is only supported when
+    # avx512 is supported", torch 2.11-2.13; seen 2026-12-06 on a Xeon with amx_bf16: every bf16 SDPA prefill).
     torch.backends.cpu.get_cpu_capability()
-    os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+    if not torch.cpu._is_amx_tile_supported():
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
 
 
 def pytest_sessionstart(session):
