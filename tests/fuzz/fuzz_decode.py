@@ -226,7 +226,10 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     rope_name = "norm_rope" if m.family == "qwen3" else "qk_rope"
     off = set(spec.disabled)  # a rewrite switched off applies nowhere and needs no rejection per site
     rope = bf16 and _pow2(d) and d <= 1024 and rope_name not in off
-    symbolic_batch = spec.dynamic != "static" and spec.batch > 1  # Dynamo specializes a size of 1
+    # Dynamo specializes a size of 1; under dynamic=True a batch equal to the kv heads or the head dim shares their
+    # symbol (duck sizing), which the model's views by its config fix to a number: a static batch after all
+    tied = spec.dynamic == "all" and spec.batch in (m.kv_heads, m.head_dim)
+    symbolic_batch = spec.dynamic != "static" and spec.batch > 1 and not tied
     out, candidates, either = {}, {rope_name} - off, set()
     if m.form == "hf" and m.family == "qwen3" and not bf16:
         # HF's q / k norms in another dtype are rejected by the first norm matcher (norm_quant, dtype_not_bf16)
