@@ -298,13 +298,18 @@ def _pin_kv_heads(hkv, r) -> bool:
     recompile, and a cache with another count gets its own compile (the guard fails), never this graph. A symbol
     the batch or the cache length shares (duck sizing: batch 4 and 4 kv heads) is pinned with them, which costs no
     compile either: Dynamo already guards those sizes equal, and the kv heads can take one value."""
-    if not isinstance(hkv, torch.SymInt) or _graph.static_int(hkv) is not None or hkv.node.hint is None:
+    if not isinstance(hkv, torch.SymInt) or _graph.static_int(hkv) is not None:
         return False
-    s = hkv.node.expr
+    symbols = hkv.node.expr.free_symbols  # one, but maybe in an unsimplified view's ((s**2)//s)
     rows = r.node.expr.free_symbols if isinstance(r, torch.SymInt) else set()
-    if not s.is_Symbol or not rows <= {s}:
+    if len(symbols) != 1 or not rows <= symbols:
         return False  # the rows vary besides (a symbolic token count): as it was, kv_heads_dynamic
-    guard_int(hkv)
+    (s,) = symbols
+    env = hkv.node.shape_env
+    hints = getattr(env, "backed_var_to_val", None) or env.var_to_val  # var_to_val: torch 2.11-2.12
+    if s not in hints:
+        return False
+    guard_int(env.create_symintnode(s, hint=int(hints[s])))  # the symbol itself: every size of it becomes a number
     return True
 
 

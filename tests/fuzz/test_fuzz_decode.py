@@ -163,6 +163,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # oracle had taken the batch as symbolic
     spec=DecodeSpec(DecoderSpec("qwen3", "hf", 132, 128, 6, 3, 16, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=4, steps=1, dynamic="all", case="random-1"))
+@example(  # found by the tenth long soak: fp16, dynamic=True, batch 2 = 2 kv heads, nothing fixing them: the kv heads
+    # were ((s**2)//s) (a view's unsimplified -1), not a plain symbol, and the pin left them
+    spec=DecodeSpec(DecoderSpec("llama", "engine", 128, 128, 4, 2, 16, 1, 1e-6, False, False, "fp16", False, False,
+                                ((1, 1),)), batch=2, cache_len=4, steps=1, dynamic="all", case="random-1"))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
