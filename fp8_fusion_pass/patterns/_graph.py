@@ -46,6 +46,12 @@ def static_int(n) -> int | None:
     return None
 
 
+def data_users(node: Node) -> list[Node]:
+    """``node``'s users that read its values, not only its shape (a dynamic graph's ``sym_size`` reads). For a node
+    a rewrite keeps; one it erases keeps only the reads ``fold_static_size_reads`` cannot fold."""
+    return [u for u in node.users if not is_call(u, aten.sym_size.int)]
+
+
 def static_size_read(node) -> int | None:
     """The number a ``sym_size`` read gives when this graph fixes it (``static_int``), else None: such a read is no
     reason to keep what it reads, since the number can stand in for it (``fold_static_size_reads``)."""

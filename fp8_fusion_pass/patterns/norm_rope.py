@@ -54,13 +54,8 @@ NAME = "norm_rope"
 _END = 2**63 - 1  # slice(x, dim, start) with no end, as traced
 
 
-def data_users(node: Node) -> list[Node]:
-    """``node``'s users that read its values, not only its shape (a dynamic graph's ``sym_size`` reads)."""
-    return [u for u in node.users if not _is(u, aten.sym_size.int)]
-
-
 def _only_user(node: Node) -> Node | None:
-    users = data_users(node)
+    users = _graph.data_users(node)
     return users[0] if len(users) == 1 else None
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph
 
-from . import norm_rope
+from . import _graph, norm_rope
 from .norm_rope import Norm
 
 NAME = "qk_rope"
@@ -36,7 +36,7 @@ def heads(graph: Graph) -> list[Norm]:
     """Every ``reshape`` to a 4-D tensor whose only user is a ``permute(0, 2, 1, 3)``, as a norm-less ``Norm``."""
     out = []
     for n in graph.nodes:
-        users = norm_rope.data_users(n) if n.op == "call_function" else []
+        users = _graph.data_users(n) if n.op == "call_function" else []
         if n.target is torch.ops.aten.reshape.default and len(users) == 1:  # sym_size reads of its shape aside
             p = users[0]
             if p.target is torch.ops.aten.permute.default and list(p.args[1]) == [0, 2, 1, 3]:
