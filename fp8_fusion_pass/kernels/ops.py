@@ -309,9 +309,11 @@ def _check_norm_rope_cache(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"{op}: k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")  # fmt: skip
+    # The rank first: a tuple == compares items before lengths, so ``(B, S) == (S,)`` would compare a symbolic
+    # B with S, and under a marked-dynamic batch that guard specializes it (Dynamo's ConstraintViolationError).
     pos_ok = positions.dtype in (torch.int32, torch.int64) and (
-        tuple(positions.shape) == (s,) or (positions.dim() == 2 and positions.shape[0] in (1, b)
-                                           and positions.shape[1] == s))  # fmt: skip
+        (positions.dim() == 1 and positions.shape[0] == s) or (positions.dim() == 2 and positions.shape[0] in (1, b)
+                                                               and positions.shape[1] == s))  # fmt: skip
     if not pos_ok:
         raise ValueError(f"{op}: positions must be int32 / int64 [B or 1, S] or [S] = [{s}], got "
                          f"{tuple(positions.shape)} {positions.dtype}")  # fmt: skip

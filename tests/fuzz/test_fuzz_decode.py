@@ -167,6 +167,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # were ((s**2)//s) (a view's unsimplified -1), not a plain symbol, and the pin left them
     spec=DecodeSpec(DecoderSpec("llama", "engine", 128, 128, 4, 2, 16, 1, 1e-6, False, False, "fp16", False, False,
                                 ((1, 1),)), batch=2, cache_len=4, steps=1, dynamic="all", case="random-1"))
+@example(  # found by the twelfth long soak: the batch marked dynamic, batch 2 = 2 tokens: the RoPE-cache op's check
+    # of its [S] positions against the tokens compared the symbolic batch with 2, and Dynamo specialized the batch
+    spec=DecodeSpec(DecoderSpec("qwen3", "engine", 128, 256, 1, 1, 16, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=2, cache_len=4, steps=1, dynamic="batch", case="random-1", tokens=2))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)

@@ -151,6 +151,27 @@ def test_bad_inputs_raise_clear_errors(change, match):
             CACHED(*args, positions, *caches)
 
 
+def test_a_marked_dynamic_batch_equal_to_the_tokens_stays_symbolic():
+    """The op's checks under Dynamo with the batch marked dynamic (an engine serving any batch) at batch 2 = 2
+    tokens: comparing ``positions [B, S]`` with ``[S]`` item by item compared the symbolic B with S, and that guard
+    specialized the batch (ConstraintViolationError; the twelfth long decode soak's finding)."""
+    args, caches = cache_inputs(2, 2, 4, 2, 64, t=8)
+    q, wq, k, wk, eps, cos, sin, v = (a.clone() if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+    positions = torch.tensor([[3, 4], [5, 6]])
+    for t in (q, k, v, positions, *caches):
+        torch._dynamo.mark_dynamic(t, 0)
+
+    def step(q, k, v, positions, k_cache, v_cache):
+        return CACHED(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache)
+
+    torch._dynamo.reset()
+    want = [c.clone() for c in caches]
+    want_q = ref.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, positions, *want)
+    got_q = torch.compile(step, backend="eager", fullgraph=True)(q, k, v, positions, *caches)
+    assert torch.equal(caches[1], want[1])
+    assert (got_q != want_q).float().mean() <= tolerances.ROPE_MAX_DIFF_FRACTION
+
+
 # ---------------------------------------------------------------- on a CUDA GPU (`pytest -m gpu`)
 
 
