@@ -7,7 +7,8 @@ plain torch (``decode_attention``'s candidate); the HF form uses transformers' `
 every row, ``index_copy_``) and SDPA over ``repeat_kv`` copies (``gqa_attention``'s candidate).
 
 Dynamic shapes, as users get them: ``static``; ``batch`` (the batch dim of the ids, positions and caches marked
-dynamic, as an engine serving any batch does); ``all`` (``dynamic=True`` with floats kept constant, what
+dynamic, as an engine serving any batch does); ``tokens`` (the token dim of the ids and positions marked dynamic, as
+an engine verifying a varying number of draft tokens per step does); ``all`` (``dynamic=True`` with floats kept constant, what
 ``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic until a guard fixes it).
 """
 
@@ -42,7 +43,7 @@ class DecodeSpec:
     batch: int
     cache_len: int
     steps: int  # decode steps, each ``tokens`` positions further
-    dynamic: str  # "static" | "batch" | "all"
+    dynamic: str  # "static" | "batch" | "tokens" | "all"
     seed: int = 0
     case: str = "random-1"  # verify.CASES: the input, or a pathology written into one token's embedding row
     tokens: int = 1  # per row and step: 1 is decode; 2-3 a speculative-decoding check or a prefill chunk
@@ -87,11 +88,11 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
         mlp_bias=family == "llama" and draw(st.booleans()), dtype=draw(st.sampled_from(("bf16", "bf16", "fp16"))),
         dynamic=False, specialize_float=False, shapes=((1, 1),), seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
-    dynamic = draw(st.sampled_from(("static", "batch", "all") if form == "engine" else ("static", "all")))
+    dynamic = draw(st.sampled_from(("static", "batch", "tokens", "all") if form == "engine" else ("static", "all")))
     batch = draw(st.sampled_from((1, 2, 3, 5, 8, 16, 20)))
-    if batch == 1 and dynamic == "batch":  # Dynamo refuses a dynamic dim of size 1 (it specializes 0 / 1)
-        dynamic = "static"
     steps, tokens = draw(st.integers(1, 2)), draw(st.sampled_from((1, 1, 1, 2, 3)))
+    if (batch, tokens)[dynamic == "tokens"] == 1 and dynamic in ("batch", "tokens"):
+        dynamic = "static"  # Dynamo refuses a dynamic dim of size 1 (it specializes 0 / 1)
     return DecodeSpec(model, batch=batch, cache_len=draw(st.integers(max(4, steps * tokens), 40)), steps=steps,
                       dynamic=dynamic, seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)),
                       tokens=tokens, disabled=tuple(sorted(draw(st.one_of(st.just(()), st.just(()), switched_off)))))
@@ -150,9 +151,9 @@ class DecodeRun:
         written = torch.zeros(b, 1, t, 1, dtype=torch.bool)
         written[torch.arange(b).view(b, 1), 0, positions, 0] = True
         with verify_cases()[self.spec.case].apply(self.model, (self.ids[i].clone(),)) as (ids,):
-            if self.spec.dynamic == "batch":
+            if self.spec.dynamic in ("batch", "tokens"):
                 for x in (ids, positions):
-                    torch._dynamo.mark_dynamic(x, 0)
+                    torch._dynamo.mark_dynamic(x, int(self.spec.dynamic == "tokens"))
             if self.spec.model.form == "engine":
                 exact = self._exact(ids, positions)
                 fn(ids, positions, self.cache)
@@ -229,7 +230,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     # Dynamo specializes a size of 1; under dynamic=True a batch equal to the kv heads or the head dim shares their
     # symbol (duck sizing), which the model's views by its config fix to a number: a static batch after all
     tied = spec.dynamic == "all" and spec.batch in (m.kv_heads, m.head_dim)
-    symbolic_batch = spec.dynamic != "static" and spec.batch > 1 and not tied
+    symbolic_batch = spec.dynamic in ("batch", "all") and spec.batch > 1 and not tied
+    symbolic_tokens = spec.dynamic == "tokens"  # marked, so never specialized (a spec with 1 token is static)
     out, candidates, either = {}, {rope_name} - off, set()
     if m.form == "hf" and m.family == "qwen3" and not bf16:
         # HF's q / k norms in another dtype are rejected by the first norm matcher (norm_quant, dtype_not_bf16)
@@ -248,7 +250,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         return Expected(out, candidates, set())
     if m.dtype in HALF and "decode_attention" not in off:
         candidates.add("decode_attention")
-        if spec.groups * spec.tokens <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM:
+        if spec.groups * spec.tokens <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM and (
+                not symbolic_tokens):
             out["decode_attention"] = layers
         if spec.tokens > 1 and spec.dynamic == "all":  # the token count is symbolic (rows: kv_heads_dynamic) unless
             either.add("decode_attention")  # duck sizing made it a static size it equals (3 tokens, 3 heads)

@@ -171,6 +171,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # of its [S] positions against the tokens compared the symbolic batch with 2, and Dynamo specialized the batch
     spec=DecodeSpec(DecoderSpec("qwen3", "engine", 128, 256, 1, 1, 16, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=2, cache_len=4, steps=1, dynamic="batch", case="random-1", tokens=2))
+@example(  # Llama engine, 2 layers, the token dim marked dynamic (2-3 draft tokens per step): the RoPE ops and their
+    # cache writes taken at a symbolic token count, the attention refused with its reason (rows 2*s: kv_heads_dynamic)
+    spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 2, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=2, cache_len=12, steps=2, dynamic="tokens", tokens=3))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
