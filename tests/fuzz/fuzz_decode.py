@@ -8,8 +8,9 @@ every row, ``index_copy_``) and SDPA over ``repeat_kv`` copies (``gqa_attention`
 
 Dynamic shapes, as users get them: ``static``; ``batch`` (the batch dim of the ids, positions and caches marked
 dynamic, as an engine serving any batch does); ``tokens`` (the token dim of the ids and positions marked dynamic, as
-an engine verifying a varying number of draft tokens per step does); ``all`` (``dynamic=True`` with floats kept constant, what
-``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic until a guard fixes it).
+an engine verifying a varying number of draft tokens per step does); ``all`` (``dynamic=True`` with floats kept
+constant, what ``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic until a guard fixes
+it).
 """
 
 from __future__ import annotations
@@ -214,10 +215,10 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     engine form (attention in plain torch)
     - ``decode_attention``: q / k / v one half dtype (else no candidate: nothing is rounded to a half dtype), at most
       ``MAX_ROWS`` query rows per kv head (G heads x the step's tokens; static: under ``dynamic=True`` a
-      token count above one is symbolic), head dim at most the kernel's; the batch and the
+      token count above one is symbolic, and a marked one always), head dim at most the kernel's; the batch and the
       cache length may be symbolic, heads never are (a kv-head count Dynamo fixed by a guard is static);
-    - ``rope_attention``: both of the above, one token per step, a power-of-two head dim of at least 16, and with q / k norms a
-      batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
+    - ``rope_attention``: both of the above, one token per step, a power-of-two head dim of at least 16, and with q / k
+      norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
     - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), one token per step, and a batch x kv heads of at least
       ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length may be symbolic.
