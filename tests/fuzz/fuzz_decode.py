@@ -220,8 +220,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     - ``rope_attention``: both of the above, one token per step, a power-of-two head dim of at least 16, and with q / k
       norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
-    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), one token per step, and a batch x kv heads of at least
-      ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length may be symbolic.
+    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), one token per step, and a batch x kv heads
+      of at least ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers
     d, bf16 = m.head_dim, m.dtype == "bf16"

@@ -107,7 +107,7 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
 
 @profile()
 @given(spec=decode_specs())
-@example(  # Qwen3 engine, batch marked dynamic (an engine serving any batch; rope_cache refused its write), NaN in row 0
+@example(  # Qwen3 engine, batch marked dynamic (an engine serving any batch; rope_cache refused its write), NaN row 0
     spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=6, cache_len=12, steps=2, dynamic="batch", case="nan"))
 @example(  # Llama engine as fuse(model, dynamic=True) compiles it: the cache's kv heads fixed by a guard
