@@ -48,7 +48,7 @@ REASONS = {
     "kv_cache_mismatch": "rope_cache: k, v and the two caches differ in shape or dtype",
     "query_len_not_one": "gqa_attention: more than one query token per head (prefill); the KV copy stays",
     "kv_heads_dynamic": "gqa_attention: the head counts, head dim or cache length are symbolic (dynamic=True); only "
-                        "the batch may be; decode_attention: the kv heads, query rows or head dim are",
+                        "the batch may be; decode_attention: the kv heads or head dim are",
     "kv_copy_shared": "gqa_attention: key and value are not both a repeat_kv copy made for this attention alone, "
                       "with the query's heads per kv head",
     "attention_not_plain": "gqa_attention: causal, dropout, a mask not per batch row / head / key, or another "
@@ -58,6 +58,8 @@ REASONS = {
                            "elsewhere",
     "attention_rows_above_decode": "decode_attention: more than 16 query rows per kv head (heads per kv head x "
                                    "tokens: a prefill); the GEMMs and softmax stay",
+    "attention_rows_dynamic": "decode_attention: the query rows per kv head are a symbolic token count whose range "
+                              "is not known to stay within 16 (a token dim marked dynamic without max=)",
     "rope_attention_not_single": "rope_attention: more than one token, the RoPE op's q also read elsewhere or not "
                                  "grouped as the attention's rows, the attention reads other caches (or views of "
                                  "them) or a mask, or a head dim the fused kernel cannot take",

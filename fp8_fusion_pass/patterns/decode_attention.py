@@ -23,11 +23,12 @@ be Inductor's row-padded one (``pad_mm``: ``bmm(cat([a, zeros], 1), b)[:, :m]``,
 ``constant_pad_nd``, as torch 2.11-2.13 write it). Guards, each with its reason:
 the softmax's input is fp32 ``scale * scores`` (or the scores alone) where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
 values a [B, Hkv, T, D] tensor, nothing else reading any step and a 4-D mask (``attention_not_plain``; an additive
-mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static rows,
-head dim and kv heads (``kv_heads_dynamic``; a symbolic kv head count of the cache's own is pinned by a guard where
-that makes the rows static: ``_pin_kv_heads``); at most ``MAX_ROWS`` rows per kv head (``attention_rows_above_decode``:
-at prefill the rows are many and the GEMMs are compute-bound, which the decode kernel is not built for); a kernel
-for the device (``no_fused_kernel``).
+mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static head
+dim and kv heads (``kv_heads_dynamic``; a symbolic kv head count of the cache's own is pinned by a guard where that
+makes the rows static: ``_pin_kv_heads``); at most ``MAX_ROWS`` rows per kv head (``attention_rows_above_decode``:
+at prefill the rows are many and the GEMMs are compute-bound, which the decode kernel is not built for), a symbolic
+token count only where the shape env bounds the rows by it (``attention_rows_dynamic``: a token dim marked dynamic
+with ``max=``; one compile then serves every count); a kernel for the device (``no_fused_kernel``).
 """
 
 from __future__ import annotations
@@ -262,11 +263,16 @@ class Match:
         d = q3.shape[-1]
         if _pin_kv_heads(hkv, r):
             b, hkv, r, t = s4.shape
-        if any(_graph.static_int(n) is None for n in (hkv, r, d)):
-            return guards.reject("kv_heads_dynamic", f"kv heads {hkv}, rows {r}, head dim {d}: only the batch and the "
-                                 "cache length may be symbolic")
-        hkv, r, d = (_graph.static_int(n) for n in (hkv, r, d))
-        if r > MAX_ROWS:
+        if any(_graph.static_int(n) is None for n in (hkv, d)):
+            return guards.reject("kv_heads_dynamic", f"kv heads {hkv}, rows {r}, head dim {d}: only the batch, the "
+                                 "cache length and a bounded token count may be symbolic")
+        hkv, d = _graph.static_int(hkv), _graph.static_int(d)
+        if _graph.static_int(r) is None:  # a symbolic token count: taken where its range keeps it within the tile
+            if not statically_known_true(r <= MAX_ROWS):
+                return guards.reject("attention_rows_dynamic", f"{r} query rows per kv head, a symbolic token count "
+                                     f"({_upper(r)}): the kernel takes at most {MAX_ROWS}; a token dim marked "
+                                     "dynamic with max= keeps them within it")
+        elif (r := _graph.static_int(r)) > MAX_ROWS:
             return guards.reject("attention_rows_above_decode", f"{r} query rows per kv head, above {MAX_ROWS}: a "
                                  "prefill (its GEMMs are compute-bound; the decode kernel is not built for them)")
         if d > _ops.ATTENTION_MAX_HEAD_DIM:
@@ -288,6 +294,12 @@ class Match:
             if extra:
                 return guards.reject("attention_not_plain", f"{n.name} is also read by {extra[0].name}")
         return guards.OK
+
+
+def _upper(n: torch.SymInt) -> str:
+    """The largest value the shape env allows ``n`` (a token dim marked with ``max=``), in words."""
+    upper = n.node.shape_env.bound_sympy(n.node.expr).upper
+    return f"at most {int(upper)}" if upper.is_Integer else "unbounded"  # not is_finite: torch's int_oo says it is
 
 
 def _pin_kv_heads(hkv, r) -> bool:
@@ -367,7 +379,7 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     kc = _graph.val(m.k_cache)
     _, hkv, t, d = kc.shape
     r = _graph.val(m.q3).shape[1]
-    hkv, r, d = (_graph.static_int(n) for n in (hkv, r, d))  # static: check() said so
+    hkv, d = _graph.static_int(hkv), _graph.static_int(d)  # static: check() said so
     upto = None
     if m.hides and _op(m.mask, aten.bitwise_not.default):
         keep = _decode_mask.one_row(m.mask.args[0])
@@ -381,7 +393,10 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
         keep, key = m.mask, (aten.bitwise_not.default, _graph.structural_key(m.mask))
     shared = masks.get(key)
     with _graph.Edit(graph, before=m.pv) as e:
-        q4 = e.call(aten.reshape.default, m.q3, [-1, hkv, r, d])
+        # a symbolic row count (bounded, check() said) as a graph value: the batch may be the reshape's -1
+        rows = _graph.static_int(r)
+        rows = e.call(aten.sym_size.int, m.q3, 1) if rows is None else rows
+        q4 = e.call(aten.reshape.default, m.q3, [-1, hkv, rows, d])
         if shared is not None and not shared._erased:
             keep = shared
         elif upto is not None:
@@ -392,7 +407,7 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
         elif m.hides and keep is m.mask:
             keep = e.call(aten.bitwise_not.default, m.mask)
         o = e.call(FUSED_UPTO if upto is not None else FUSED, q4, m.k_cache, m.v_cache, keep, m.scale)
-        out = e.call(aten.reshape.default, o, [-1, r, d])
+        out = e.call(aten.reshape.default, o, [-1, rows, d])
     masks.setdefault(key, keep)
     m.out.replace_all_uses_with(out)
     gone = [n for n in m.nodes if n not in (m.k_cache, m.v_cache)]

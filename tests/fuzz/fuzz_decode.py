@@ -49,6 +49,7 @@ class DecodeSpec:
     case: str = "random-1"  # verify.CASES: the input, or a pathology written into one token's embedding row
     tokens: int = 1  # per row and step: 1 is decode; 2-3 a speculative-decoding check or a prefill chunk
     disabled: tuple[str, ...] = ()  # FusionConfig switches turned off (FP8_FUSION_DISABLE): the rest must cope
+    token_max: int = 0  # dynamic="tokens": the mark's max= (0: none, the token count unbounded)
 
     @property
     def config(self) -> FusionConfig:
@@ -65,7 +66,8 @@ class DecodeSpec:
 
     def short(self) -> str:
         return (f"{self.model.short()} | decode batch={self.batch} T={self.cache_len} steps={self.steps} "
-                f"tokens={self.tokens} {self.dynamic} {self.case} off={','.join(self.disabled) or '-'}")
+                f"tokens={self.tokens} {self.dynamic}{self.token_max or ''} {self.case} "
+                f"off={','.join(self.disabled) or '-'}")
 
 
 @st.composite
@@ -94,9 +96,11 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
     steps, tokens = draw(st.integers(1, 2)), draw(st.sampled_from((1, 1, 1, 2, 3)))
     if (batch, tokens)[dynamic == "tokens"] == 1 and dynamic in ("batch", "tokens"):
         dynamic = "static"  # Dynamo refuses a dynamic dim of size 1 (it specializes 0 / 1)
+    token_max = draw(st.sampled_from((0, 3, 8))) if dynamic == "tokens" else 0
     return DecodeSpec(model, batch=batch, cache_len=draw(st.integers(max(4, steps * tokens), 40)), steps=steps,
                       dynamic=dynamic, seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)),
-                      tokens=tokens, disabled=tuple(sorted(draw(st.one_of(st.just(()), st.just(()), switched_off)))))
+                      tokens=tokens, token_max=token_max,
+                      disabled=tuple(sorted(draw(st.one_of(st.just(()), st.just(()), switched_off)))))
 
 
 # ---------------------------------------------------------------- the model, its cache and its steps
@@ -153,8 +157,9 @@ class DecodeRun:
         written[torch.arange(b).view(b, 1), 0, positions, 0] = True
         with verify_cases()[self.spec.case].apply(self.model, (self.ids[i].clone(),)) as (ids,):
             if self.spec.dynamic in ("batch", "tokens"):
+                bound = {"min": 2, "max": self.spec.token_max} if self.spec.token_max else {}
                 for x in (ids, positions):
-                    torch._dynamo.mark_dynamic(x, int(self.spec.dynamic == "tokens"))
+                    torch._dynamo.mark_dynamic(x, int(self.spec.dynamic == "tokens"), **bound)
             if self.spec.model.form == "engine":
                 exact = self._exact(ids, positions)
                 fn(ids, positions, self.cache)
@@ -232,7 +237,10 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     # symbol (duck sizing), which the model's views by its config fix to a number: a static batch after all
     tied = spec.dynamic == "all" and spec.batch in (m.kv_heads, m.head_dim)
     symbolic_batch = spec.dynamic in ("batch", "all") and spec.batch > 1 and not tied
-    symbolic_tokens = spec.dynamic == "tokens"  # marked, so never specialized (a spec with 1 token is static)
+    # a marked token count is never specialized (a spec with 1 token is static); the attention takes it where its
+    # mark's max= keeps the rows within the kernel's tile
+    rows = spec.groups * (spec.token_max if spec.dynamic == "tokens" else spec.tokens)
+    unbounded_tokens = spec.dynamic == "tokens" and not spec.token_max
     out, candidates, either = {}, {rope_name} - off, set()
     if m.form == "hf" and m.family == "qwen3" and not bf16:
         # HF's q / k norms in another dtype are rejected by the first norm matcher (norm_quant, dtype_not_bf16)
@@ -251,8 +259,7 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         return Expected(out, candidates, set())
     if m.dtype in HALF and "decode_attention" not in off:
         candidates.add("decode_attention")
-        if spec.groups * spec.tokens <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM and (
-                not symbolic_tokens):
+        if rows <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM and not unbounded_tokens:
             out["decode_attention"] = layers
         if spec.tokens > 1 and spec.dynamic == "all":  # the token count is symbolic (rows: kv_heads_dynamic) unless
             either.add("decode_attention")  # duck sizing made it a static size it equals (3 tokens, 3 heads)

@@ -17,8 +17,10 @@ from pattern_helpers import FUSIONS_ONLY, capture, compile_model, logits, rel_l2
 from test_rope_cache import LAYERS, _compiled_step, _engine_step
 
 from fp8_fusion_pass import guards
+from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
 from fp8_fusion_pass.fusion_pass import FP8FusionPass
+from fp8_fusion_pass.models import build_model
 from fp8_fusion_pass.patterns import decode_attention
 
 aten = torch.ops.aten
@@ -295,6 +297,40 @@ def test_symbolic_heads_keep_the_gemms():
     graphs = capture(_Attention(), *_inputs(b=3), dynamic=True, calls=[_inputs(b=2)])
     r, _ = run_pass(graphs[-1], ALONE)
     assert r.rejection_reasons() == {"kv_heads_dynamic": 1}, r.render()
+
+
+@pytest.mark.parametrize("bound", [{"min": 2, "max": 4}, {}], ids=["max4", "unbounded"])
+def test_a_token_count_marked_dynamic_is_taken_where_bounded(bound):
+    """An engine verifying 2-4 draft tokens a step marks the token dim dynamic: G x s query rows per kv head. With
+    ``max=`` they stay within the kernel's tile, and one compile takes 2 and then 3 tokens, each against eager with
+    the caches written alike; without a bound the report says why (``attention_rows_dynamic``)."""
+    model = build_model("llama-tiny", form="engine", layers=LAYERS)  # G = 2: at most 8 rows with max=4
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    opts = {"post_grad_custom_post_pass": FP8FusionPass(FusionConfig()), "fx_graph_cache": False}
+    compiled = torch.compile(model, options=opts)
+    for n in (2, 3):
+        ids = torch.randint(0, 100, (2, n), generator=torch.Generator().manual_seed(n))
+        positions = torch.tensor([[4], [9]]) + torch.arange(n)
+        for t in (ids, positions):
+            torch._dynamo.mark_dynamic(t, 1, **bound)
+        caches = [model.new_kv_cache(2, 16) for _ in range(2)]
+        for cache in caches:
+            for i, t in enumerate(cache.k + cache.v):
+                t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(i)))
+        with torch.no_grad():
+            got, want = logits(compiled(ids, positions, caches[0])), logits(model(ids, positions, caches[1]))
+        assert rel_l2(got, want) <= tolerances.MODEL_PASS_VS_NO_PASS_REL_ERR, n
+        for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+            assert rel_l2(a, b) <= tolerances.MODEL_PASS_VS_NO_PASS_REL_ERR, n
+    reports = report_mod.all_reports()
+    assert len(reports) == 1, [r.render() for r in reports]  # one compile for both token counts
+    if bound:
+        assert reports[0].counts().get("decode_attention") == LAYERS, reports[0].render()
+    else:
+        assert "decode_attention" not in reports[0].counts()
+        assert reports[0].rejection_reasons()["attention_rows_dynamic"] == LAYERS, reports[0].render()
+    torch._dynamo.reset()
 
 
 def test_not_a_softmax_is_no_candidate():
