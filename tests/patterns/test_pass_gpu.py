@@ -268,6 +268,41 @@ def test_engine_decode_step_at_a_symbolic_batch(preset):
         assert counts.get("rope_attention") == 2, reports[0].render()
 
 
+@pytest.mark.parametrize("preset", ["llama3.1-8b", "qwen3-8b"])
+def test_engine_step_at_a_token_count_marked_dynamic(preset):
+    # An engine verifying 2-4 draft tokens a step: the token dim marked dynamic with max=4, so the 4 query heads per
+    # kv head x tokens stay within decode_attention's 16 rows; one compile for 2 and 4 tokens, against the model run
+    # eagerly with exact attention next to Inductor's compile without the pass (CPU-checked by
+    # tests/patterns/test_decode_attention.py and tests/fuzz/test_fuzz_decode.py's tokens mode)
+    model = build_model(preset, form="engine", layers=2, device="cuda")
+    exact = _exact_attention(model)
+    fns = {}
+    for name, backend in (("pass", fp8_fusion_pass.backend(**NO_CACHE)), ("plain", "inductor")):
+        torch._dynamo.reset()
+        fns[name] = torch.compile(model, backend=backend)
+    report_mod.clear_reports()
+    for tokens in (2, 4):
+        ids = torch.randint(0, 1000, (3, tokens), device="cuda")
+        positions = torch.tensor([[100], [300], [507]], device="cuda") + torch.arange(tokens, device="cuda")
+        cache = model.new_kv_cache(3, 576)
+        saved = [t.normal_().clone() for t in cache.k + cache.v]
+        outs = {}
+        for name, fn in (*fns.items(), ("eager", exact)):
+            for t, s in zip(cache.k + cache.v, saved):
+                t.copy_(s)
+            for t in (ids, positions):
+                torch._dynamo.mark_dynamic(t, 1, min=2, max=4)
+            with torch.no_grad():
+                outs[name] = fn(ids, positions, cache).float()
+        err, noise = _rel(outs["pass"], outs["eager"]), _rel(outs["plain"], outs["eager"])
+        print(f"{preset} {tokens} tokens: vs eager, with the pass {err:.4f}, without {noise:.4f}")
+        assert err <= tolerances.pass_vs_eager_bound(noise)
+    reports = report_mod.all_reports()
+    assert len(reports) == 1, [r.render() for r in reports]  # one graph for both token counts
+    counts = reports[0].counts()
+    assert counts.get("decode_attention") == counts.get("rope_cache") == 2, reports[0].render()
+
+
 def test_hf_decode_step_under_dynamic_true_reads_the_cache_grouped():
     # fuse(model, dynamic=True) on an HF decode step: the StaticCache's length is symbolic as well as the batch, and
     # gqa_attention's grouped mask takes its length from a sym_size node; one compile for batch 16 and 24 on the
