@@ -7,11 +7,10 @@ plain torch (``decode_attention``'s candidate); the HF form uses transformers' `
 every row, ``index_copy_``) and SDPA over ``repeat_kv`` copies (``gqa_attention``'s candidate).
 
 Dynamic shapes, as users get them: ``static``; ``batch`` (the batch dim of the ids, positions and caches marked
-dynamic, as an engine serving any batch does); ``tokens`` (the token dim of the ids and positions marked dynamic, as
-an engine verifying a varying number of draft tokens per step does); ``all`` (``dynamic=True`` with floats kept
-constant, what ``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic until a guard fixes
-it).
-"""
+dynamic, as an engine serving any batch does; HF: of the ids and the StaticCache's tensors); ``tokens`` (engine
+form: the token dim of the ids and positions marked dynamic, with or without ``max=``, as an engine verifying a
+varying number of draft tokens per step does); ``all`` (``dynamic=True`` with floats kept constant, what
+``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic until a guard fixes it)."""
 
 from __future__ import annotations
 
@@ -91,7 +90,8 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
         mlp_bias=family == "llama" and draw(st.booleans()), dtype=draw(st.sampled_from(("bf16", "bf16", "fp16"))),
         dynamic=False, specialize_float=False, shapes=((1, 1),), seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
-    dynamic = draw(st.sampled_from(("static", "batch", "tokens", "all") if form == "engine" else ("static", "all")))
+    modes = ("static", "batch", "tokens", "all") if form == "engine" else ("static", "batch", "all")
+    dynamic = draw(st.sampled_from(modes))
     batch = draw(st.sampled_from((1, 2, 3, 5, 8, 16, 20)))
     steps, tokens = draw(st.integers(1, 2)), draw(st.sampled_from((1, 1, 1, 2, 3)))
     if (batch, tokens)[dynamic == "tokens"] == 1 and dynamic in ("batch", "tokens"):

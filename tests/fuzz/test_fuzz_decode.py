@@ -175,6 +175,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # cache writes taken at a symbolic token count, the attention refused with its reason (rows 2*s: kv_heads_dynamic)
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 2, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=2, cache_len=12, steps=2, dynamic="tokens", tokens=3))
+@example(  # HF Llama, 2 layers, the batch of the ids and the StaticCache's tensors marked dynamic: gqa_attention at a
+    # symbolic batch; NaN in row 0
+    spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 8, 2, 64, 2, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=8, cache_len=12, steps=2, dynamic="batch", case="nan"))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
