@@ -55,6 +55,10 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, help="decoder layers of a preset (default: the preset's own)")
     p.add_argument("--batch", type=int, default=2, help="batch of the example input (default: 2)")
     p.add_argument("--seq", type=int, default=8, help="sequence length of the example input (default: 8)")
+    p.add_argument("--cache", type=int, metavar="N",
+                   help="one decode step over a static KV cache of N slots (random keys / values, as after a "
+                   "prefill; --seq new tokens per row, e.g. --seq 1): the graph the decode-time rewrites "
+                   "(decode_attention, rope_cache, rope_attention, gqa_attention) work on")
     p.add_argument("--dtype", default="bfloat16", help="activation dtype: bfloat16, float16, float32")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(default: cpu)")
     p.add_argument("--dynamic", action="store_true",

@@ -82,9 +82,14 @@ def load_model(spec: str, args, progress: Progress) -> LoadedModel:
     """Build MODEL from a preset name or ``module:factory`` on ``args.device`` with the verb's options."""
     for flag in ("batch", "seq"):  # checked before the model is built; 0 would fail deep inside the compile
         at_least(f"--{flag}", getattr(args, flag), 1)
+    cache = getattr(args, "cache", None)
+    if cache is not None:
+        at_least("--cache", cache, args.seq)  # the step's tokens are written into it
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype)
     if ":" in spec:
+        if cache is not None:
+            raise CliError("--cache builds a decode step for a preset; a factory returns its own example inputs")
         return _from_factory(spec, args, device, progress)
     presets = known_presets()
     if spec not in presets:
@@ -105,9 +110,15 @@ def load_model(spec: str, args, progress: Progress) -> LoadedModel:
             raise
         raise CliError("presets are built with transformers, which is not installed: "
                        "pip install 'fp8-fusion-pass[hf]'") from exc
-    inputs = example_inputs(model, batch=args.batch, seq=args.seq, device=device)
     dynamic = ", dynamic shapes" if getattr(args, "dynamic", False) else ""
-    return LoadedModel(model, inputs, f"{what}, batch {args.batch} x seq {args.seq}{dynamic}", preset=spec)
+    if cache is None:
+        inputs = example_inputs(model, batch=args.batch, seq=args.seq, device=device)
+        return LoadedModel(model, inputs, f"{what}, batch {args.batch} x seq {args.seq}{dynamic}", preset=spec)
+    from .models.decode_step import decode_step
+
+    inputs = decode_step(model, batch=args.batch, seq=args.seq, cache_len=cache)
+    step = f"a decode step of batch {args.batch} x {args.seq} new tokens over a {cache}-slot KV cache"
+    return LoadedModel(model, inputs, f"{what}, {step}{dynamic}", preset=spec)
 
 
 def _layers_text(spec: str, layers: int | None) -> str:

@@ -284,6 +284,10 @@ def capture_backend(capture: CapturePass) -> Callable:
 
 
 def call_model(model: Callable, inputs: Any):
+    from .models.decode_step import DecodeStep
+
+    if isinstance(inputs, DecodeStep):  # a decode step over a static KV cache (--cache): it knows its call
+        return inputs.run(model)
     if isinstance(inputs, dict):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):

@@ -252,13 +252,15 @@ def select_cases(names: str | None) -> tuple[Case, ...]:
 def run_cases(compiled: Callable, model: torch.nn.Module, inputs: Any, cases=CASES) -> dict[str, Any]:
     """Outputs of ``compiled`` per case (None for a case that does not apply to this model)."""
     from .graph_diff import call_model
+    from .models.decode_step import DecodeStep
 
+    step = inputs if isinstance(inputs, DecodeStep) else None  # a case edits its ids; the cache is the step's
     results: dict[str, Any] = {}
     with torch.no_grad():
         for case in cases:
             try:
-                with case.apply(model, inputs) as case_inputs:
-                    out = call_model(compiled, case_inputs)
+                with case.apply(model, (step.ids,) if step else inputs) as case_inputs:
+                    out = step.run(compiled, case_inputs[0]) if step else call_model(compiled, case_inputs)
                     results[case.name] = [(n, t.detach().cpu().clone()) for n, t in flatten_outputs(out)]
             except LookupError:
                 results[case.name] = None

@@ -1,6 +1,6 @@
 """The verbs on real compiles of the tiny presets, each run once as a subprocess (as a user's shell runs it).
 
-Three compiling subprocesses in all (about 2 minutes on 2 CPU cores); each asserts several things:
+Six compiling subprocesses in all (about 2.5 minutes on 2 CPU cores); each asserts several things:
 - ``diff qwen3-tiny --dump-dir`` (the README's main-job command): the diff removes the unfused ops and adds the
   fused ones, the printed table matches report.json, the fused-op count in after.txt matches the report, the
   dump files reproduce the printed diff, progress goes to stderr and no colour reaches a pipe;
@@ -8,7 +8,9 @@ Three compiling subprocesses in all (about 2 minutes on 2 CPU cores); each asser
   whose report and summary agree (every scale fill of the 8 per-tensor linears stripped, nothing fused),
   ``--only`` honoured, symbolic shapes in the graphs;
 - ``verify qwen3-tiny``: every case within the contract, exit 0; the HF form is the one where Inductor's own
-  compile moves the logits (the noise the bound widens to), so the figures there are not all zero.
+  compile moves the logits (the noise the bound widens to), so the figures there are not all zero;
+- ``diff ... --cache 32 --seq 1`` in both forms and ``verify llama-tiny --form engine --cache 16``: a decode step
+  over a static KV cache, where the decode-time rewrites (attention, RoPE with its cache writes) show.
 """
 
 from __future__ import annotations
@@ -140,3 +142,31 @@ def test_verify_hf_form_within_contract():
     assert 0 < rel <= bound and bound == pytest.approx(max(0.05, 2 * noise), rel=0.01)  # the pass changed values
     # The nan case really put NaNs through both compiles (else it would test nothing), on the same positions.
     assert int(rows["nan"][4]) == int(rows["nan"][5]) > 0
+
+
+@pytest.mark.parametrize("form, preset, batch, taken", [
+    ("engine", "llama-tiny", 3, {"decode_attention": 2, "rope_cache": 2, "rope_attention": 2, "qk_rope": 2}),
+    ("hf", "qwen3-tiny", 8, {"gqa_attention": 2, "rope_cache": 2, "norm_rope": 2}),  # 8 rows x 2 kv heads: 16 pairs
+])  # fmt: skip
+def test_diff_of_a_decode_step_shows_the_decode_rewrites(form, preset, batch, taken):
+    # Without --cache a forward is a prefill (SDPA): the decode-time rewrites had no candidate to show
+    res = run_cli("diff", preset, "--form", form, "--cache", "32", "--seq", "1", "--batch", str(batch),
+                  "--format", "json", "-q")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert f"a decode step of batch {batch} x 1 new tokens over a 32-slot KV cache" in doc["model"], doc["model"]
+    counts = doc["report"]["counts"]
+    assert {k: counts.get(k) for k in taken} == taken, counts
+    removed, _ = _diff_lines(doc["diff"] + "\n== fusion report ==")
+    # the cache writes (HF's index_copy_ too is an index_put after the decompositions) went into the RoPE op
+    assert sum(" = aten.index_put(" in line for line in removed) == 4, doc["diff"][:3000]
+
+
+def test_verify_of_a_decode_step_over_the_cache():
+    # Every case through the same cache: each call rewrites the step's slots before reading them, so calls repeat
+    res = run_cli("verify", "llama-tiny", "--form", "engine", "--cache", "16", "--seq", "1", "--batch", "3",
+                  "--cases", "random-1,nan,large")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert re.search(r"report: .*decode_attention=2, .*rope_attention=2", res.stdout), res.stdout
+    for case in ("random-1", "nan", "large"):
+        assert re.search(rf"^{case}\s+output\s.*\syes\s+ok$", res.stdout, re.M), res.stdout

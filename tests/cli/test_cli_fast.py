@@ -33,9 +33,10 @@ def test_help_lists_every_verb_and_version_matches_package():
 @pytest.mark.parametrize(
     "verb, options",
     [
-        ("diff", ["--form", "--scheme", "--layers", "--batch", "--seq", "--dtype", "--device", "--dynamic", "--only",
-                  "--dump-dir", "--format", "--no-color", "--debug"]),
-        ("verify", ["--form", "--scheme", "--layers", "--device", "--dynamic", "--only", "--tol", "--cases"]),
+        ("diff", ["--form", "--scheme", "--layers", "--batch", "--seq", "--cache", "--dtype", "--device", "--dynamic",
+                  "--only", "--dump-dir", "--format", "--no-color", "--debug"]),
+        ("verify", ["--form", "--scheme", "--layers", "--cache", "--device", "--dynamic", "--only", "--tol",
+                    "--cases"]),
         ("scale-probe", ["--shapes", "--device", "--format"]),
     ],
 )
@@ -69,6 +70,8 @@ BAD_INPUTS = [
     (["diff", "qwen3-tiny", "--batch", "0"], r"--batch 0: must be >= 1"),
     (["verify", "cli_factories:raises", "--seq", "-3"], r"--seq -3: must be >= 1"),  # before the factory runs
     (["diff", "qwen3-tiny", "--context", "-1"], r"--context -1: must be >= 0"),
+    (["diff", "qwen3-tiny", "--cache", "4"], r"--cache 4: must be >= 8"),  # the default 8 tokens must fit in it
+    (["verify", "cli_factories:module_and_inputs", "--cache", "16"], r"--cache builds a decode step for a preset"),
     (["verify", "qwen3-tiny", "--tol", "nan"], r"--tol nan: must be a positive number"),
     (["verify", "qwen3-tiny", "--tol", "0"], r"--tol 0.0: must be a positive number"),
     (["scale-probe", "fp8_fusion::no_such_op"], r"no op 'fp8_fusion::no_such_op' is registered"),

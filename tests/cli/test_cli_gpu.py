@@ -1,6 +1,7 @@
 """The CUDA paths: ``diff`` (two full compiles, kernel launches per forward from torch.profiler) and ``verify``.
 
-Run on the GPU machine: ``python -m pytest tests/cli/test_cli_gpu.py -m gpu -q -s`` (about 3 minutes).
+Run on the GPU machine: ``python -m pytest tests/cli/test_cli_gpu.py -m gpu -q -s`` (about 3 minutes before the
+decode-step test, which is new on 2026-12-06 and has not run on a GPU yet).
 """
 
 from __future__ import annotations
@@ -32,3 +33,18 @@ def test_verify_on_cuda_within_contract():
     print(res.stdout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "ok: 9 checks within the contract" in res.stdout
+
+
+def test_a_decode_step_on_cuda_fuses_its_attention_and_stays_within_contract():
+    # --cache on the GPU: the Triton attention / RoPE-cache kernels against Inductor's, through the same cache
+    res = run_cli("diff", "llama-tiny", "--form", "engine", "--cache", "64", "--seq", "1", "--batch", "3",
+                  "--device", "cuda", "--format", "json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary, counts = json.loads(res.stdout)["summary"], json.loads(res.stdout)["report"]["counts"]
+    print("decode step launches per forward:", summary["launches_per_forward"], counts)
+    assert counts.get("rope_attention") == 2 and summary["launches_per_forward"]["after"] < \
+        summary["launches_per_forward"]["before"]
+    res = run_cli("verify", "llama-tiny", "--form", "engine", "--cache", "64", "--seq", "1", "--batch", "3",
+                  "--device", "cuda")
+    print(res.stdout)
+    assert res.returncode == 0 and "ok: 9 checks within the contract" in res.stdout, res.stdout[-3000:]
