@@ -15,7 +15,8 @@ its ``cumulative_length`` says and counts on: ``DecodeStep.run`` sets it back to
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

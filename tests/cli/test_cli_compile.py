@@ -169,4 +169,4 @@ def test_verify_of_a_decode_step_over_the_cache():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert re.search(r"report: .*decode_attention=2, .*rope_attention=2", res.stdout), res.stdout
     for case in ("random-1", "nan", "large"):
-        assert re.search(rf"^{case}\s+output\s.*\syes\s+ok$", res.stdout, re.M), res.stdout
+        assert re.search(rf"^{case}\s+output\s.*\syes\s+ok$", res.stdout, re.MULTILINE), res.stdout
