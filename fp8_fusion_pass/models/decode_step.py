@@ -47,8 +47,8 @@ def decode_step(model: torch.nn.Module, batch: int, seq: int, cache_len: int, se
     device, gen = param.device, torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=gen).to(device)
     engine = not hasattr(model, "generate")
-    free = cache_len - seq  # slots before the step's tokens: the last row at the cache's end, the others earlier
-    if engine:
+    free = cache_len - seq  # slots before the step's tokens
+    if engine:  # row 0's tokens end at the cache's last slot, row i's 3i slots earlier (wrapping): positions differ
         first = free - torch.arange(batch) * 3 % (free + 1)
         cache = model.new_kv_cache(batch, cache_len)
         tensors = cache.k + cache.v
