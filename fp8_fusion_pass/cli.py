@@ -54,7 +54,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    help="preset FP8 scheme: 1x128/128x128 block scales or per-tensor (default: block)")
     p.add_argument("--layers", type=int, help="decoder layers of a preset (default: the preset's own)")
     p.add_argument("--batch", type=int, default=2, help="batch of the example input (default: 2)")
-    p.add_argument("--seq", type=int, default=8, help="sequence length of the example input (default: 8)")
+    p.add_argument("--seq", type=int, default=8,
+                   help="sequence length of the example input; with --cache, new tokens per row (default: 8)")
     p.add_argument("--cache", type=int, metavar="N",
                    help="one decode step over a static KV cache of N slots (random keys / values, as after a "
                    "prefill; --seq new tokens per row, e.g. --seq 1): the graph the decode-time rewrites "
