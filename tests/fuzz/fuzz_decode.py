@@ -9,8 +9,9 @@ every row, ``index_copy_``) and SDPA over ``repeat_kv`` copies (``gqa_attention`
 Dynamic shapes, as users get them: ``static``; ``batch`` (the batch dim of the ids, positions and caches marked
 dynamic, as an engine serving any batch does; HF: of the ids and the StaticCache's tensors); ``tokens`` (engine
 form: the token dim of the ids and positions marked dynamic, with or without ``max=``, as an engine verifying a
-varying number of draft tokens per step does); ``all`` (``dynamic=True`` with floats kept constant, what
-``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic until a guard fixes it)."""
+varying number of draft tokens per step does); ``both`` (the two, an engine doing both); ``all`` (``dynamic=True``
+with floats kept constant, what ``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic
+until a guard fixes it)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,20 @@ class DecodeSpec:
     batch: int
     cache_len: int
     steps: int  # decode steps, each ``tokens`` positions further
-    dynamic: str  # "static" | "batch" | "tokens" | "all"
+    dynamic: str  # "static" | "batch" | "tokens" | "both" (batch and tokens marked) | "all"
     seed: int = 0
     case: str = "random-1"  # verify.CASES: the input, or a pathology written into one token's embedding row
     tokens: int = 1  # per row and step: 1 is decode; 2-3 a speculative-decoding check or a prefill chunk
     disabled: tuple[str, ...] = ()  # FusionConfig switches turned off (FP8_FUSION_DISABLE): the rest must cope
-    token_max: int = 0  # dynamic="tokens": the mark's max= (0: none, the token count unbounded)
+    token_max: int = 0  # a marked token dim's max= (0: none, the token count unbounded)
+
+    @property
+    def marks_batch(self) -> bool:
+        return self.dynamic in ("batch", "both")
+
+    @property
+    def marks_tokens(self) -> bool:
+        return self.dynamic in ("tokens", "both")
 
     @property
     def config(self) -> FusionConfig:
@@ -90,13 +99,16 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
         mlp_bias=family == "llama" and draw(st.booleans()), dtype=draw(st.sampled_from(("bf16", "bf16", "fp16"))),
         dynamic=False, specialize_float=False, shapes=((1, 1),), seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
-    modes = ("static", "batch", "tokens", "all") if form == "engine" else ("static", "batch", "all")
+    modes = ("static", "batch", "tokens", "both", "all") if form == "engine" else ("static", "batch", "all")
     dynamic = draw(st.sampled_from(modes))
     batch = draw(st.sampled_from((1, 2, 3, 5, 8, 16, 20)))
     steps, tokens = draw(st.integers(1, 2)), draw(st.sampled_from((1, 1, 1, 2, 3)))
-    if (batch, tokens)[dynamic == "tokens"] == 1 and dynamic in ("batch", "tokens"):
-        dynamic = "static"  # Dynamo refuses a dynamic dim of size 1 (it specializes 0 / 1)
-    token_max = draw(st.sampled_from((0, 3, 8))) if dynamic == "tokens" else 0
+    # Dynamo refuses a dynamic dim of size 1 (it specializes 0 / 1): such a dim is left unmarked
+    if batch == 1 and dynamic in ("batch", "both"):
+        dynamic = {"batch": "static", "both": "tokens"}[dynamic]
+    if tokens == 1 and dynamic in ("tokens", "both"):
+        dynamic = {"tokens": "static", "both": "batch"}[dynamic]
+    token_max = draw(st.sampled_from((0, 3, 8))) if dynamic in ("tokens", "both") else 0
     return DecodeSpec(model, batch=batch, cache_len=draw(st.integers(max(4, steps * tokens), 40)), steps=steps,
                       dynamic=dynamic, seed=draw(st.integers(0, 2**16)), case=draw(st.sampled_from(CASES)),
                       tokens=tokens, token_max=token_max,
@@ -156,10 +168,12 @@ class DecodeRun:
         written = torch.zeros(b, 1, t, 1, dtype=torch.bool)
         written[torch.arange(b).view(b, 1), 0, positions, 0] = True
         with verify_cases()[self.spec.case].apply(self.model, (self.ids[i].clone(),)) as (ids,):
-            if self.spec.dynamic in ("batch", "tokens"):
-                bound = {"min": 2, "max": self.spec.token_max} if self.spec.token_max else {}
-                for x in (ids, positions):
-                    torch._dynamo.mark_dynamic(x, int(self.spec.dynamic == "tokens"), **bound)
+            bound = {"min": 2, "max": self.spec.token_max} if self.spec.token_max else {}
+            for x in (ids, positions):
+                if self.spec.marks_batch:
+                    torch._dynamo.mark_dynamic(x, 0)
+                if self.spec.marks_tokens:
+                    torch._dynamo.mark_dynamic(x, 1, **bound)
             if self.spec.model.form == "engine":
                 exact = self._exact(ids, positions)
                 fn(ids, positions, self.cache)
@@ -186,7 +200,7 @@ class DecodeRun:
         return Exact(logits, cache.k + cache.v)
 
     def mark_cache_dynamic(self) -> None:
-        if self.spec.dynamic == "batch":
+        if self.spec.marks_batch:
             for c in self.tensors:
                 torch._dynamo.mark_dynamic(c, 0)
 
@@ -236,11 +250,11 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     # Dynamo specializes a size of 1; under dynamic=True a batch equal to the kv heads or the head dim shares their
     # symbol (duck sizing), which the model's views by its config fix to a number: a static batch after all
     tied = spec.dynamic == "all" and spec.batch in (m.kv_heads, m.head_dim)
-    symbolic_batch = spec.dynamic in ("batch", "all") and spec.batch > 1 and not tied
+    symbolic_batch = spec.dynamic in ("batch", "both", "all") and spec.batch > 1 and not tied
     # a marked token count is never specialized (a spec with 1 token is static); the attention takes it where its
     # mark's max= keeps the rows within the kernel's tile
-    rows = spec.groups * (spec.token_max if spec.dynamic == "tokens" else spec.tokens)
-    unbounded_tokens = spec.dynamic == "tokens" and not spec.token_max
+    rows = spec.groups * (spec.token_max if spec.marks_tokens else spec.tokens)
+    unbounded_tokens = spec.marks_tokens and not spec.token_max
     out, candidates, either = {}, {rope_name} - off, set()
     if m.form == "hf" and m.family == "qwen3" and not bf16:
         # HF's q / k norms in another dtype are rejected by the first norm matcher (norm_quant, dtype_not_bf16)

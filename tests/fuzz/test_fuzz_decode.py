@@ -179,6 +179,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # symbolic batch; NaN in row 0
     spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 8, 2, 64, 2, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=8, cache_len=12, steps=2, dynamic="batch", case="nan"))
+@example(  # Qwen3 engine, the batch and the token dim both marked (max=3), batch 2 = 2 tokens: the attention taken at
+    # symbolic rows 2*s over a symbolic batch, the RoPE op's checks adding no guard that would specialize either
+    spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=2, cache_len=12, steps=2, dynamic="both", tokens=2, token_max=3))
 def test_random_decode_steps(spec: DecodeSpec):
     note(spec.short())
     run = DecodeRun(spec)
