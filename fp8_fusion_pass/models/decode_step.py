@@ -42,7 +42,7 @@ class DecodeStep:
 def decode_step(model: torch.nn.Module, batch: int, seq: int, cache_len: int, seed: int = 0) -> DecodeStep:
     """``seq`` new tokens per row over a ``cache_len``-slot cache of random contents, on the model's device."""
     if not 1 <= seq <= cache_len:
-        raise ValueError(f"a step of {seq} tokens needs 1 to {cache_len} of the cache's {cache_len} slots")
+        raise ValueError(f"a step of {seq} tokens does not fit a {cache_len}-slot cache (1 <= seq <= cache_len)")
     param = next(model.parameters())
     device, gen = param.device, torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=gen).to(device)
