@@ -114,7 +114,7 @@ def load_model(spec: str, args, progress: Progress) -> LoadedModel:
     if cache is None:
         inputs = example_inputs(model, batch=args.batch, seq=args.seq, device=device)
         return LoadedModel(model, inputs, f"{what}, batch {args.batch} x seq {args.seq}{dynamic}", preset=spec)
-    from .models.decode_step import decode_step
+    from .models.decode_inputs import decode_step
 
     inputs = decode_step(model, batch=args.batch, seq=args.seq, cache_len=cache)
     step = f"a decode step of batch {args.batch} x {args.seq} new tokens over a {cache}-slot KV cache"

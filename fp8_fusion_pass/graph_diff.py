@@ -284,7 +284,7 @@ def capture_backend(capture: CapturePass) -> Callable:
 
 
 def call_model(model: Callable, inputs: Any):
-    from .models.decode_step import DecodeStep
+    from .models.decode_inputs import DecodeStep
 
     if isinstance(inputs, DecodeStep):  # a decode step over a static KV cache (--cache): it knows its call
         return inputs.run(model)

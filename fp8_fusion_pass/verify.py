@@ -252,7 +252,7 @@ def select_cases(names: str | None) -> tuple[Case, ...]:
 def run_cases(compiled: Callable, model: torch.nn.Module, inputs: Any, cases=CASES) -> dict[str, Any]:
     """Outputs of ``compiled`` per case (None for a case that does not apply to this model)."""
     from .graph_diff import call_model
-    from .models.decode_step import DecodeStep
+    from .models.decode_inputs import DecodeStep
 
     step = inputs if isinstance(inputs, DecodeStep) else None  # a case edits its ids; the cache is the step's
     results: dict[str, Any] = {}

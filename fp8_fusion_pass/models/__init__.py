@@ -9,7 +9,7 @@ inputs over a static KV cache: ``step.run(compiled_model)``), ``PRESETS`` (name 
 from __future__ import annotations
 
 from .build import build_model, example_inputs
-from .decode_step import DecodeStep, decode_step
+from .decode_inputs import DecodeStep, decode_step
 from .presets import PRESETS, TINY, get_preset
 
 __all__ = ["PRESETS", "TINY", "DecodeStep", "KVCache", "build_model", "decode_step", "engine_from_hf", "example_inputs",

@@ -26,6 +26,7 @@ from fp8_fusion_pass import guards, verify
 from fp8_fusion_pass.config import FusionConfig
 from fp8_fusion_pass.kernels import ops as _ops
 from fp8_fusion_pass.models import engine
+from fp8_fusion_pass.models.decode_inputs import DecodeStep, static_cache
 from fp8_fusion_pass.patterns import decode_attention, rope_attention
 
 HALF = ("bf16", "fp16")
@@ -144,20 +145,11 @@ class DecodeRun:
             first[torch.rand(b, generator=gen) < 0.2] = t - spec.span
             self.first = first
         else:
-            self.cache, self.tensors = self._hf_cache(b, t)
+            self.cache, self.tensors = static_cache(self.model, b, t)
             self.first = torch.full((b,), int(torch.randint(0, t - spec.span + 1, (), generator=gen)))
         for i, c in enumerate(self.tensors):
             c.copy_(torch.randn(c.shape, generator=torch.Generator().manual_seed(spec.seed + i)))
         self.ids = [torch.randint(0, VOCAB, (b, spec.tokens), generator=gen) for _ in range(spec.steps)]
-
-    def _hf_cache(self, b: int, t: int):
-        from transformers import StaticCache
-
-        cache = StaticCache(config=self.model.config, max_cache_len=t)
-        with torch.no_grad():  # allocates the layers' buffers (then overwritten with random contents)
-            self.model(input_ids=torch.zeros(b, 1, dtype=torch.long), past_key_values=cache,
-                       cache_position=torch.tensor([0]), use_cache=True)  # fmt: skip
-        return cache, [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
     def run_step(self, fn, i: int) -> tuple[list[torch.Tensor], Exact | None]:
         """Step ``i`` through ``fn`` (the compiled model) under the spec's input case; returns, per layer and cache
@@ -174,15 +166,9 @@ class DecodeRun:
                     torch._dynamo.mark_dynamic(x, 0)
                 if self.spec.marks_tokens:
                     torch._dynamo.mark_dynamic(x, 1, **bound)
-            if self.spec.model.form == "engine":
-                exact = self._exact(ids, positions)
-                fn(ids, positions, self.cache)
-            else:
-                for layer in self.cache.layers:
-                    if hasattr(layer, "cumulative_length"):  # transformers 5.x writes at the tokens counted
-                        layer.cumulative_length.fill_(int(positions[0, 0]))
-                fn(input_ids=ids, past_key_values=self.cache, cache_position=positions[0].clone(), use_cache=True)
-                exact = None
+            engine_form = self.spec.model.form == "engine"
+            exact = self._exact(ids, positions) if engine_form else None
+            DecodeStep(ids, positions, self.cache, engine_form).run(fn)  # HF: at positions[0], every row
         return [written.expand(c.shape) for c in self.tensors], exact
 
     def _exact(self, ids, positions) -> Exact:

@@ -229,78 +229,70 @@ def _exact_attention(model):
     return run
 
 
+def _one_compile_vs_exact(preset, steps, mark):
+    """An engine model's decode steps, each ``(label, ids, positions)``, through one compile with the pass and one
+    without (Inductor's), ``mark(ids, positions, cache)`` applied before each call, every output against the model
+    run eagerly with exact attention from the same cache; returns the pass's only report (one graph for all)."""
+    model = build_model(preset, form="engine", layers=2, device="cuda")
+    exact = _exact_attention(model)
+    fns = {}
+    for name, backend in (("pass", fp8_fusion_pass.backend(**NO_CACHE)), ("plain", "inductor")):
+        torch._dynamo.reset()
+        fns[name] = torch.compile(model, backend=backend)
+    report_mod.clear_reports()
+    for label, ids, positions in steps:
+        cache = model.new_kv_cache(ids.shape[0], 576)
+        saved = [t.normal_().clone() for t in cache.k + cache.v]
+        outs = {}
+        for name, fn in (*fns.items(), ("eager", exact)):
+            for t, s in zip(cache.k + cache.v, saved):
+                t.copy_(s)
+            mark(ids, positions, cache)
+            with torch.no_grad():
+                outs[name] = fn(ids, positions, cache).float()
+        err, noise = _rel(outs["pass"], outs["eager"]), _rel(outs["plain"], outs["eager"])
+        print(f"{preset} {label}: vs eager, with the pass {err:.4f}, without {noise:.4f}")
+        assert err <= tolerances.pass_vs_eager_bound(noise)
+    reports = report_mod.all_reports()
+    assert len(reports) == 1, [r.render() for r in reports]  # one graph for every step
+    return reports[0]
+
+
 @pytest.mark.parametrize("preset", ["llama3.1-8b", "qwen3-8b"])
 def test_engine_decode_step_at_a_symbolic_batch(preset):
     # An engine serving any batch: the batch dim of every input marked dynamic, one compile for batch 3 and 17.
     # decode_attention and rope_cache take the symbolic batch (and rope_attention without q / k norms; with them a
     # symbolic batch is not known to be within MAX_NORM_PAIRS); against the model run eagerly with exact attention,
     # next to Inductor's compile of the same marks without the pass (CPU-checked by tests/fuzz/test_fuzz_decode.py)
-    model = build_model(preset, form="engine", layers=2, device="cuda")
-    exact = _exact_attention(model)
-    fns = {}
-    for name, backend in (("pass", fp8_fusion_pass.backend(**NO_CACHE)), ("plain", "inductor")):
-        torch._dynamo.reset()
-        fns[name] = torch.compile(model, backend=backend)
-    report_mod.clear_reports()
-    for batch in (3, 17):
-        ids = torch.randint(0, 1000, (batch, 1), device="cuda")
-        positions = (511 - 7 * torch.arange(batch, device="cuda")).view(batch, 1)
-        cache = model.new_kv_cache(batch, 576)
-        saved = [t.normal_().clone() for t in cache.k + cache.v]
-        outs = {}
-        for name, fn in (*fns.items(), ("eager", exact)):
-            for t, s in zip(cache.k + cache.v, saved):
-                t.copy_(s)
-            for t in (ids, positions, *cache.k, *cache.v):
-                torch._dynamo.mark_dynamic(t, 0)
-            with torch.no_grad():
-                outs[name] = fn(ids, positions, cache).float()
-        err, noise = _rel(outs["pass"], outs["eager"]), _rel(outs["plain"], outs["eager"])
-        print(f"{preset} batch {batch}: vs eager, with the pass {err:.4f}, without {noise:.4f}")
-        assert err <= tolerances.pass_vs_eager_bound(noise)
-    reports = report_mod.all_reports()
-    assert len(reports) == 1, [r.render() for r in reports]  # one graph for both batches
-    counts = reports[0].counts()
-    assert counts.get("decode_attention") == counts.get("rope_cache") == 2, reports[0].render()
+    def mark(ids, positions, cache):
+        for t in (ids, positions, *cache.k, *cache.v):
+            torch._dynamo.mark_dynamic(t, 0)
+
+    steps = [(f"batch {b}", torch.randint(0, 1000, (b, 1), device="cuda"),
+              (511 - 7 * torch.arange(b, device="cuda")).view(b, 1)) for b in (3, 17)]  # fmt: skip
+    report = _one_compile_vs_exact(preset, steps, mark)
+    counts = report.counts()
+    assert counts.get("decode_attention") == counts.get("rope_cache") == 2, report.render()
     if preset.startswith("qwen3"):
-        assert reports[0].rejection_reasons().get("unfused_pair_faster", 0) >= 2, reports[0].render()
+        assert report.rejection_reasons().get("unfused_pair_faster", 0) >= 2, report.render()
     else:
-        assert counts.get("rope_attention") == 2, reports[0].render()
+        assert counts.get("rope_attention") == 2, report.render()
 
 
 @pytest.mark.parametrize("preset", ["llama3.1-8b", "qwen3-8b"])
 def test_engine_step_at_a_token_count_marked_dynamic(preset):
     # An engine verifying 2-4 draft tokens a step: the token dim marked dynamic with max=4, so the 4 query heads per
-    # kv head x tokens stay within decode_attention's 16 rows; one compile for 2 and 4 tokens, against the model run
-    # eagerly with exact attention next to Inductor's compile without the pass (CPU-checked by
+    # kv head x tokens stay within decode_attention's 16 rows; one compile for 2 and 4 tokens (CPU-checked by
     # tests/patterns/test_decode_attention.py and tests/fuzz/test_fuzz_decode.py's tokens mode)
-    model = build_model(preset, form="engine", layers=2, device="cuda")
-    exact = _exact_attention(model)
-    fns = {}
-    for name, backend in (("pass", fp8_fusion_pass.backend(**NO_CACHE)), ("plain", "inductor")):
-        torch._dynamo.reset()
-        fns[name] = torch.compile(model, backend=backend)
-    report_mod.clear_reports()
-    for tokens in (2, 4):
-        ids = torch.randint(0, 1000, (3, tokens), device="cuda")
-        positions = torch.tensor([[100], [300], [507]], device="cuda") + torch.arange(tokens, device="cuda")
-        cache = model.new_kv_cache(3, 576)
-        saved = [t.normal_().clone() for t in cache.k + cache.v]
-        outs = {}
-        for name, fn in (*fns.items(), ("eager", exact)):
-            for t, s in zip(cache.k + cache.v, saved):
-                t.copy_(s)
-            for t in (ids, positions):
-                torch._dynamo.mark_dynamic(t, 1, min=2, max=4)
-            with torch.no_grad():
-                outs[name] = fn(ids, positions, cache).float()
-        err, noise = _rel(outs["pass"], outs["eager"]), _rel(outs["plain"], outs["eager"])
-        print(f"{preset} {tokens} tokens: vs eager, with the pass {err:.4f}, without {noise:.4f}")
-        assert err <= tolerances.pass_vs_eager_bound(noise)
-    reports = report_mod.all_reports()
-    assert len(reports) == 1, [r.render() for r in reports]  # one graph for both token counts
-    counts = reports[0].counts()
-    assert counts.get("decode_attention") == counts.get("rope_cache") == 2, reports[0].render()
+    def mark(ids, positions, cache):
+        for t in (ids, positions):
+            torch._dynamo.mark_dynamic(t, 1, min=2, max=4)
+
+    steps = [(f"{n} tokens", torch.randint(0, 1000, (3, n), device="cuda"),
+              torch.tensor([[100], [300], [507]], device="cuda") + torch.arange(n, device="cuda")) for n in (2, 4)]
+    report = _one_compile_vs_exact(preset, steps, mark)
+    counts = report.counts()
+    assert counts.get("decode_attention") == counts.get("rope_cache") == 2, report.render()
 
 
 def test_hf_decode_step_under_dynamic_true_reads_the_cache_grouped():

@@ -54,18 +54,22 @@ def decode_step(model: torch.nn.Module, batch: int, seq: int, cache_len: int, se
         tensors = cache.k + cache.v
     else:
         first = torch.full((batch,), free)
-        cache, tensors = _static_cache(model, batch, cache_len, device)
+        cache, tensors = static_cache(model, batch, cache_len)
     positions = (first.view(batch, 1) + torch.arange(seq)).to(device)
     for i, t in enumerate(tensors):
         t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(seed + i)))
     return DecodeStep(ids, positions, cache, engine)
 
 
-def _static_cache(model, batch: int, cache_len: int, device):
+def static_cache(model, batch: int, cache_len: int):
+    """A transformers ``StaticCache`` of ``cache_len`` slots for ``model`` at ``batch`` rows, its buffers allocated
+    (lazily, at a first write: one eager token written at slot 0, for the caller to overwrite), and its tensors
+    (keys then values, per layer)."""
     from transformers import StaticCache
 
+    device = next(model.parameters()).device
     cache = StaticCache(config=model.config, max_cache_len=cache_len)
-    with torch.no_grad():  # allocates the layers' buffers (lazily, at the first write), then overwritten
+    with torch.no_grad():
         model(input_ids=torch.zeros(batch, 1, dtype=torch.long, device=device), past_key_values=cache,
               cache_position=torch.tensor([0], device=device), use_cache=True)  # fmt: skip
     return cache, [t for layer in cache.layers for t in (layer.keys, layer.values)]
