@@ -36,6 +36,9 @@ table, with the accuracy columns, of every cell that finished.
 ``--dry-run``: the same code on the CPU with a tiny preset (``qwen3-tiny``), each "graph replay" a plain call and
 times from the wall clock, so a test checks the harness end to end; its times mean nothing.
 
+``--tokens S``: each step feeds S new tokens per row (at ``--context`` .. ``--context`` + S - 1), as a step verifying
+S - 1 draft tokens does; the table's batch column then reads "B x S".
+
 Roofline per step: bytes of every weight read once (fp8 linears + their scales + bf16 embeddings row, norms and
 lm_head) plus the KV cache read, over the copy bandwidth measured in the same run.
 """
@@ -223,13 +226,13 @@ def weight_bytes(model) -> int:
 
 
 class EngineRunner:
-    def __init__(self, model, batch: int, max_seq: int, context: int):
+    def __init__(self, model, batch: int, max_seq: int, context: int, tokens: int = 1):
         self.model, self.batch = model, batch
         self.cache = model.new_kv_cache(batch, max_seq)
         for t in self.cache.k + self.cache.v:
             t.normal_()
-        self.pos = torch.full((batch, 1), context, device=DEVICE, dtype=torch.long)
-        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=DEVICE)
+        self.pos = (context + torch.arange(tokens, device=DEVICE)).expand(batch, tokens).contiguous()
+        self.ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device=DEVICE)
 
     def kv_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.cache.k + self.cache.v)
@@ -250,13 +253,13 @@ class EngineRunner:
 
 
 class HFRunner:
-    def __init__(self, model, batch: int, max_seq: int, context: int):
+    def __init__(self, model, batch: int, max_seq: int, context: int, tokens: int = 1):
         from transformers import StaticCache
 
         self.model, self.batch = model, batch
         self.cache = StaticCache(config=model.config, max_cache_len=max_seq)
-        self.ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=DEVICE)
-        self.cache_position = torch.tensor([context], device=DEVICE)
+        self.ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device=DEVICE)
+        self.cache_position = context + torch.arange(tokens, device=DEVICE)
         # Initialise the lazily allocated cache with one eager step, then fill it with random values.
         with torch.no_grad():
             model(input_ids=self.ids, past_key_values=self.cache, cache_position=self.cache_position, use_cache=True)
@@ -359,7 +362,8 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
         compile_regions(model, config, args.variants_per_reset)
     for batch in args.batches:
         t0 = time.monotonic()
-        runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context)
+        runner = (EngineRunner if form == "engine" else HFRunner)(model, batch, args.context + 64, args.context,
+                                                                   args.tokens)
         key = (preset, form, batch)
         if scheme == "block" and key not in eager_logits:
             runner.reset()
@@ -384,8 +388,8 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
                 err = f"{rel_err(logits, reference_logits[key]):.2e}"
             else:
                 reference_logits[key] = logits
-        rows.append(dict(preset=preset, form=form, variant=label, batch=batch, ms=ms, roofline_ms=roof_ms, err=err,
-                         err_eager=err_eager))
+        rows.append(dict(preset=preset, form=form, variant=label, batch=batch, tokens=args.tokens, ms=ms,
+                         roofline_ms=roof_ms, err=err, err_eager=err_eager))
         del runner  # (an interleaved cell's runner and graph stay in ``held``)
         if args.compile == "full":
             torch._dynamo.reset()
@@ -458,6 +462,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache at each decode step")
     p.add_argument("--prefill", type=int, default=2048, help="prefill length at batch 1 (0: skip)")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--tokens", type=int, default=1,
+                   help="new tokens per row in each step (more than one: a step verifying draft tokens)")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
@@ -481,6 +487,9 @@ def main(argv=None) -> int:
         raise SystemExit("--dry-run runs the regional compile only")
     if args.interleave and args.compile != "regional":
         raise SystemExit("--interleave times captured graphs: the regional compile only")
+    if not 1 <= args.tokens <= 64:
+        raise SystemExit(f"--tokens takes 1-64 tokens per step (the cache has 64 slots past --context), got "
+                         f"{args.tokens}")
     if args.interleave < 0:
         raise SystemExit(f"--interleave takes a number of rounds >= 1 (0: off), got {args.interleave}")
     global DEVICE
@@ -547,7 +556,8 @@ def print_table(rows: list[dict]) -> None:
         bf16 = by_key.get((preset, form, "bf16", batch))
         ms = r["ms"]
         table.append([
-            preset, form, variant.removeprefix("block+"), batch,
+            preset, form, variant.removeprefix("block+"),
+            batch if r.get("tokens", 1) == 1 else f"{batch} x {r['tokens']}",
             f"{base['ms']:.3f}" if base and base["ms"] else "-",
             f"{ms:.3f}" if ms else "-",
             f"{base['ms'] / ms:.3f}x" if base and base["ms"] and ms else "-",
@@ -558,7 +568,7 @@ def print_table(rows: list[dict]) -> None:
             base.get("err_eager", "") if base else "",
             r.get("err_eager", ""),
         ])
-    print(tabulate(table, headers=["preset", "form", "pass", "batch", "fp8 ms", "fp8+pass ms", "pass speed-up",
+    print(tabulate(table, headers=["preset", "form", "pass", "batch (x tokens)", "fp8 ms", "fp8+pass ms", "pass speed-up",
                                    "bf16 ms", "vs bf16", "roofline ms", "pass vs no pass", "fp8 vs eager",
                                    "fp8+pass vs eager"]))
     for r in rows:

@@ -46,7 +46,8 @@ REASONS = {
                                 "written only there (Inductor could not write it in place)",
     "no_kv_write_pair": "rope_cache: not exactly one other cache write (the v write) at the k write's slots",
     "kv_cache_mismatch": "rope_cache: k, v and the two caches differ in shape or dtype",
-    "query_len_not_one": "gqa_attention: more than one query token per head (prefill); the KV copy stays",
+    "query_too_long": "gqa_attention: more query tokens per head than GQA_MAX_QUERY_TOKENS, or a symbolic count "
+                      "(prefill); the KV copy stays",
     "kv_heads_dynamic": "gqa_attention: the head counts, head dim or cache length are symbolic (dynamic=True); only "
                         "the batch may be; decode_attention: the kv heads or head dim are",
     "kv_copy_shared": "gqa_attention: key and value are not both a repeat_kv copy made for this attention alone, "
@@ -285,6 +286,10 @@ def should_fuse_norm_rope(cache_writes_join: bool) -> Verdict:
 # (batch 1) 16.3 vs 13.5 us (the step within 0.5%), 16 pairs 16.6 vs 19.3, 32 pairs 17.0 vs 41.5, 64 pairs 17.7
 # vs 53.9, 512 pairs 64.5 vs 348 (docs/benchmarks.md, "Grouped-query attention at decode").
 GQA_MIN_PAIRS = 16
+# gqa_attention: the most query tokens per head a step may have (a decode step has one; one that verifies draft
+# tokens a few). Above one the mask is copied per group, B x Hq x S x L elements, against the 2 x B x Hq x L x D
+# of the KV copy it saves. PROVISIONAL: to be set from benchmarks/gqa_tokens.py.
+GQA_MAX_QUERY_TOKENS = 16
 
 
 def should_read_cache_grouped(batch, kv_heads: int) -> Verdict:

@@ -2,35 +2,38 @@
 
     before (transformers' ``sdpa_attention_forward`` with a mask, as every static-cache decode step has one)
     k_rep = reshape(clone(expand(unsqueeze(k_cache, 2), [B, Hkv, G, L, D])), [B, Hkv * G, L, D])   (v the same)
-    out = sdpa(q [B, Hkv * G, 1, D], k_rep, v_rep, mask [B | 1, Hkv * G | 1, 1, L])[0]
+    out = sdpa(q [B, Hkv * G, S, D], k_rep, v_rep, mask [B | 1, Hkv * G | 1, S | 1, L])[0]
 
     after
-    out = sdpa(q.reshape(B, Hkv, G, D), k_cache, v_cache,
-               mask.expand(B, Hkv * G, 1, L).reshape(B, Hkv, G, L))[0].reshape(B, Hkv * G, 1, D)
+    out = sdpa(q.reshape(B, Hkv, G * S, D), k_cache, v_cache,
+               mask.expand(B, Hkv * G, S, L).reshape(B, Hkv, G * S, L))[0].reshape(B, Hkv * G, S, D)
 
 Why: transformers passes ``enable_gqa`` to SDPA only without a mask (with one, PyTorch's GQA falls back to the math
 kernel), so with a static cache every decode step first copies the whole cache to each of the G query heads of a
 kv head (``repeat_kv``). On the H200 that copy took most of the HF step: 1410 of 2208 us for 4 Qwen3-8B layers at
 batch 64 (``benchmarks/profile_step.py``, ``docs/benchmarks.md`` "Where a decode step's time goes"), where the
-engine form, which never copies, spends a few percent. With one query token per head the G query heads that share
-a kv head can be the G query rows of that kv head: the same dot products over the same keys, the same softmax and
-sums per row, batched differently. The kernel may block those rows differently from G separate heads, so the
-result is not promised bit for bit (off in deterministic mode).
+engine form, which never copies, spends a few percent. The G query heads that share a kv head can be that kv head's
+query rows, G x S of them for S tokens (one at decode; a few where a step verifies draft tokens): the same dot
+products over the same keys, the same softmax and sums per row, batched differently. Each row keeps its own mask
+row, so at S > 1 the mask is laid out per group, a [B, Hkv, G * S, L] copy (at S = 1 a view) that grows with S while
+the KV copy it saves does not: ``guards.GQA_MAX_QUERY_TOKENS`` bounds S where the copy was measured cheaper
+(``benchmarks/gqa_tokens.py``). The kernel may block those rows differently from G separate heads, so the result is
+not promised bit for bit (off in deterministic mode).
 
 Every SDPA kernel op Inductor's post-grad graph can hold is taken (CPU flash, CUDA efficient / cuDNN / flash, the
 overrideable one), each by its own argument names; the op stays the one the dispatcher chose. On the H200 that is
 cuDNN's, and HF decode went 1.066x -> 2.658x at batch 64 with it (Llama-3.1-8B, pass vs no pass, one run:
 ``docs/benchmarks.md``, "Grouped-query attention at decode").
 
-Guards: the switch and deterministic mode; one query token (``query_len_not_one``: at prefill the grouped rows
-would need a mask copy per group, and there attention is compute-bound); static head counts, head dim and cache
-length, only the batch may be symbolic (``kv_heads_dynamic``: ``dynamic=True`` makes them all symbolic); key and
-value each such a copy of a 4-D cache, made for this attention alone, with the same G (``kv_copy_shared``); no
-causal flag, no dropout, a mask per batch row / head / key only, nothing read from the op but its output
-(``attention_not_plain``); at a static batch, at least ``guards.GQA_MIN_PAIRS`` (batch row, kv head) pairs
-(``kv_copy_faster``: cuDNN runs a program per pair, and at batch 1 with 8 kv heads the grouped SDPA measured no
-faster than the copy). An SDPA whose key is not a copy is no candidate (nothing reported): MHA models, the engine
-form, a mask-free call that already passed ``enable_gqa``.
+Guards: the switch and deterministic mode; a static query length of at most ``GQA_MAX_QUERY_TOKENS``
+(``query_too_long``: a prefill keeps the copy; its attention is compute-bound and its mask copy would outgrow the
+KV copy); static head counts, head dim and cache length, only the batch may be symbolic (``kv_heads_dynamic``:
+``dynamic=True`` makes them all symbolic); key and value each such a copy of a 4-D cache, made for this attention
+alone, with the same G (``kv_copy_shared``); no causal flag, no dropout, a mask per batch row / head / query token /
+key only, nothing read from the op but its output (``attention_not_plain``); at a static batch, at least
+``guards.GQA_MIN_PAIRS`` (batch row, kv head) pairs (``kv_copy_faster``: cuDNN runs a program per pair, and at batch
+1 with 8 kv heads the grouped SDPA measured no faster than the copy). An SDPA whose key is not a copy is no
+candidate (nothing reported): MHA models, the engine form, a mask-free call that already passed ``enable_gqa``.
 """
 
 from __future__ import annotations
@@ -99,13 +102,13 @@ def _only_user_chain(chain: list[Node], sdpa: Node) -> bool:
     return True
 
 
-def _mask_ok(mask, b, hq) -> bool:
-    """A 4-D mask per batch row / head / key that broadcasts over [B, Hq, 1, L]."""
+def _mask_ok(mask, b, hq, s) -> bool:
+    """A 4-D mask per batch row / head / query token / key that broadcasts over [B, Hq, S, L]."""
     m = _graph.val(mask)
     if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(*m.shape[1:3]):
         return False  # its keys may be symbolic, as the cache length
     rows_ok = statically_known_true(m.shape[0] == 1) or statically_known_true(m.shape[0] == b)
-    return rows_ok and m.shape[1] in (1, hq) and m.shape[2] == 1
+    return rows_ok and m.shape[1] in (1, hq) and m.shape[2] in (1, s)
 
 
 def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
@@ -115,9 +118,10 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     mask_name = SDPA_OPS[sdpa.target]
     mask = kw.get(mask_name) if mask_name else None
     outputs = {u.args[1] for u in sdpa.users if u.target is operator.getitem}
-    if not _static(s) or s != 1:
-        return guards.reject("query_len_not_one", f"query [{b}, {hq}, {s}, {d}]: the grouped rows take one query "
-                             "token per head (decode)")
+    if not _static(s) or s > guards.GQA_MAX_QUERY_TOKENS:
+        return guards.reject("query_too_long", f"query [{b}, {hq}, {s}, {d}]: the grouped rows take at most "
+                             f"{guards.GQA_MAX_QUERY_TOKENS} query tokens per head, a static count (decode, or a "
+                             "step verifying draft tokens; guards.GQA_MAX_QUERY_TOKENS)")
     cache = _graph.val(k[0]).shape
     if not _static(hq, d, k[1], cache[1], cache[3]):
         return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache {list(cache)}: only the "
@@ -135,32 +139,32 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
                              f"{kw.get('dropout_p')}: the grouped rows would change what each query sees")
     if outputs != {0} or len(sdpa.users) != 1:
         return guards.reject("attention_not_plain", "an output besides the attention's is read (logsumexp)")
-    if mask is not None and not _mask_ok(mask, b, hq):
+    if mask is not None and not _mask_ok(mask, b, hq, s):
         return guards.reject("attention_not_plain", f"mask {_graph.shape_str(mask=mask)} is not one per batch row "
-                             "/ head / key over the query heads")
+                             "/ head / query token / key over the query heads")
     return guards.should_read_cache_grouped(b, hq // k[1])
 
 
 def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
     # the batch may be symbolic: every reshape leaves it to -1; the keys (the cache length) too: their count is
     # read from the mask by a node
-    hq, d = (_graph.static_int(n) for n in _graph.val(kw["query"]).shape[1::2])
+    hq, s, d = (_graph.static_int(n) for n in _graph.val(kw["query"]).shape[1:])
     g = k[1]
     hkv = hq // g
     mask_name = SDPA_OPS[sdpa.target]
     old_out = next(iter(sdpa.users))
-    with _graph.Edit(graph, before=sdpa) as e:
-        new_kw = {**kw, "query": e.call(aten.reshape.default, kw["query"], [-1, hkv, g, d]), "key": k[0],
+    with _graph.Edit(graph, before=sdpa) as e:  # query head h = kv * G + g, as repeat_kv's; row g * S + token
+        new_kw = {**kw, "query": e.call(aten.reshape.default, kw["query"], [-1, hkv, g * s, d]), "key": k[0],
                   "value": v[0]}  # fmt: skip
         mask = kw.get(mask_name) if mask_name else None
-        if mask is not None:  # [B | 1, Hq | 1, 1, L] -> [B | 1, Hkv, G, L]: head h = kv * G + g, as repeat_kv's
+        if mask is not None:  # [B | 1, Hq | 1, S | 1, L] -> [B | 1, Hkv, G * S, L]: a view at S = 1, a copy above
             length = _graph.static_int(_graph.val(mask).shape[3])
             if length is None:
                 length = e.call(aten.sym_size.int, mask, 3)
-            wide = e.call(aten.expand.default, mask, [-1, hq, 1, length])
-            new_kw[mask_name] = e.call(aten.reshape.default, wide, [-1, hkv, g, length])
+            wide = e.call(aten.expand.default, mask, [-1, hq, s, length])
+            new_kw[mask_name] = e.call(aten.reshape.default, wide, [-1, hkv, g * s, length])
         new = e.call(sdpa.target, **new_kw)
-        out = e.call(aten.reshape.default, e.call(operator.getitem, new, 0), [-1, hq, 1, d])
+        out = e.call(aten.reshape.default, e.call(operator.getitem, new, 0), [-1, hq, s, d])
     old_out.replace_all_uses_with(out)
     _graph.fold_static_size_reads([*k[2], *v[2]])
     _graph.erase_dead(graph, [old_out, sdpa, *k[2], *v[2]])

@@ -225,8 +225,10 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     - ``rope_attention``: both of the above, one token per step, a power-of-two head dim of at least 16, and with q / k
       norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
-    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), one token per step, and a batch x kv heads
-      of at least ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length may be symbolic.
+    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), a static count of at most
+      ``GQA_MAX_QUERY_TOKENS`` tokens per step (under ``dynamic=True`` one above one is symbolic, unless duck sizing
+      tied it to a static size), and a batch x kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic batch; the cache
+      length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers
     d, bf16 = m.head_dim, m.dtype == "bf16"
@@ -254,8 +256,12 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     if m.form == "hf":
         if spec.groups > 1 and "gqa_attention" not in off:
             candidates.add("gqa_attention")
-            if spec.tokens == 1 and (symbolic_batch or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS):
-                out["gqa_attention"] = layers
+            pairs_ok = symbolic_batch or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS
+            if spec.tokens <= guards.GQA_MAX_QUERY_TOKENS and pairs_ok:
+                if spec.tokens == 1 or spec.dynamic != "all":
+                    out["gqa_attention"] = layers
+                else:  # symbolic (query_too_long) unless duck sizing made it a static size it equals
+                    return Expected(out, candidates, {"gqa_attention"})
         return Expected(out, candidates, set())
     if m.dtype in HALF and "decode_attention" not in off:
         candidates.add("decode_attention")

@@ -32,9 +32,10 @@ def _kv_copies(gm) -> int:
     return sum(1 for n in gm.graph.nodes if n.target is aten.expand.default and n.meta["val"].dim() == 5)
 
 
-@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
-def test_hf_decode_step_reads_the_cache_without_a_copy(preset):
-    model, step, new_cache = _hf_step(preset, BATCH)
+@pytest.mark.parametrize("preset, tokens", [("qwen3-tiny", 1), ("llama-tiny", 1), ("qwen3-tiny", 4)])
+def test_hf_decode_step_reads_the_cache_without_a_copy(preset, tokens):
+    # tokens 4: a step verifying 3 draft tokens, each query row with its own mask row
+    model, step, new_cache = _hf_step(preset, BATCH, tokens)
     with_it = _compiled_step(model, step, new_cache, FusionConfig())
     without = _compiled_step(model, step, new_cache, FusionConfig(gqa_attention=False))
     assert with_it[2]["gqa_attention"] == LAYERS and "gqa_attention" not in without[2], with_it[2]
@@ -45,7 +46,7 @@ def test_hf_decode_step_reads_the_cache_without_a_copy(preset):
     cache, _ = new_cache()
     (gm,) = capture(lambda ids, pos: model(input_ids=ids, past_key_values=cache, cache_position=pos,
                                            use_cache=True).logits,
-                    torch.zeros(BATCH, 1, dtype=torch.long), torch.tensor([6]))  # fmt: skip
+                    torch.zeros(BATCH, tokens, dtype=torch.long), torch.arange(6, 6 + tokens))  # fmt: skip
     assert _kv_copies(gm) == 2 * LAYERS
     r, out = run_pass(gm, ALONE)
     assert r.counts()["gqa_attention"] == LAYERS and _kv_copies(out) == 0 and not r.errors, r.render()
@@ -73,22 +74,28 @@ class _Attention(torch.nn.Module):
                                                                            else 0)  # fmt: skip
 
 
-def _inputs(variant="", b=BATCH, s=1, hkv=2, g=2, length=16, d=64):
+def _inputs(variant="", b=BATCH, s=1, hkv=2, g=2, length=16, d=64, mask_rows=None):
+    """q, k / v caches and an additive mask [B, 1 | Hq, S (or mask_rows), L] of random holes."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(b, hkv * g, s, d, generator=gen).to(BF16)
     k, v = (torch.randn(b, hkv, length, d, generator=gen).to(BF16) for _ in range(2))
     if variant == "v_not_copied":
         v = torch.randn(b, hkv * g, length, d, generator=gen).to(BF16)
     heads = hkv * g if variant == "per_head_mask" else 1
-    visible = torch.rand(b, heads, s, length, generator=gen) < 0.7
+    visible = torch.rand(b, heads, s if mask_rows is None else mask_rows, length, generator=gen) < 0.7
     visible[..., 0] = True  # every row sees a key
     mask = torch.zeros(visible.shape, dtype=BF16).masked_fill(~visible, float("-inf"))
     return q, k, v, mask
 
 
-@pytest.mark.parametrize("variant", ["", "per_head_mask", "no_mask"])
-def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant):
-    inputs = _inputs(variant)
+@pytest.mark.parametrize("variant, sizes", [
+    ("", {}), ("per_head_mask", {}), ("no_mask", {}),
+    ("", {"s": 4}), ("per_head_mask", {"s": 3}),  # a step verifying draft tokens: a mask row per token
+    ("", {"s": 4, "mask_rows": 1}),  # one mask row for every token (broadcast)
+    ("", {"s": guards.GQA_MAX_QUERY_TOKENS, "length": 32}),  # the most tokens taken
+])  # fmt: skip
+def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant, sizes):
+    inputs = _inputs(variant, **sizes)
     (gm,) = capture(_Attention(variant), *inputs)
     r, out = run_pass(gm, ALONE)
     assert r.counts()["gqa_attention"] == 1 and _kv_copies(out) == 0 and not r.errors, r.render()
@@ -103,7 +110,8 @@ def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant):
 
 
 @pytest.mark.parametrize("variant, inputs, reason, why", [
-    ("", {"s": 4}, "query_len_not_one", "one query token"),  # prefill: the grouped rows would need a mask per group
+    # prefill: the mask copy per group would outgrow the KV copy; the attention is compute-bound
+    ("", {"s": guards.GQA_MAX_QUERY_TOKENS + 1, "length": 32}, "query_too_long", "at most"),
     ("causal", {}, "attention_not_plain", "is_causal=True"),  # a causal query 0 sees key 0 only; row g would see g
     ("k_read_too", {}, "kv_copy_shared", "also feeds"),  # the copy stays for its other reader: nothing saved
     ("v_not_copied", {}, "kv_copy_shared", "not both"),
@@ -116,6 +124,17 @@ def test_guards_keep_the_copy(variant, inputs, reason, why):
     assert "gqa_attention" not in r.counts() and r.rejection_reasons() == {reason: 1}, r.render()
     assert why in next(d.detail for d in r.rejected if d.pattern == "gqa_attention"), r.render()
     assert _kv_copies(out) == _kv_copies(gm) and not r.errors
+
+
+def test_a_symbolic_token_count_keeps_the_copy():
+    # the grouped rows are G x S: their count must be a number when the graph is compiled
+    q, k, v, mask = _inputs(s=4)
+    torch._dynamo.mark_dynamic(q, 2)
+    torch._dynamo.mark_dynamic(mask, 2)
+    (gm,) = capture(_Attention(), q, k, v, mask)
+    r, out = run_pass(gm, ALONE)
+    assert r.rejection_reasons() == {"query_too_long": 1} and "a static count" in r.rejected[0].detail, r.render()
+    assert _kv_copies(out) == 2
 
 
 def test_dropout_keeps_the_copy():

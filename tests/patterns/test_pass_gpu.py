@@ -138,12 +138,13 @@ def _with_and_without(rewrite: str, model, step, batch: int, layers: int = 2, ea
     return err, noise
 
 
-@pytest.mark.parametrize("batch", [1, 64])
-def test_hf_decode_attention_reads_the_static_cache_without_a_copy(batch):
+@pytest.mark.parametrize("batch, tokens", [(1, 1), (64, 1), (16, 4), (8, guards.GQA_MAX_QUERY_TOKENS)])
+def test_hf_decode_attention_reads_the_static_cache_without_a_copy(batch, tokens):
     # gqa_attention on the SDPA kernel op CUDA picks (cuDNN / efficient): real Qwen3-8B heads (32 q, 8 kv), 2 layers,
-    # a 576-slot StaticCache filled with random values; with and without the rewrite against eager
+    # a 576-slot StaticCache filled with random values; with and without the rewrite against eager. tokens > 1: a
+    # step verifying draft tokens, the mask laid out per group (a query row given another token's mask row is off)
     model = build_model("qwen3-8b", form="hf", layers=2, device="cuda")
-    step = _hf_step(model, batch)
+    step = _hf_step(model, batch, tokens)
     # at batch 1 the 8 (batch row, kv head) pairs are below guards.GQA_MIN_PAIRS: the copy stays, by measurement
     declined = "kv_copy_faster" if batch * 8 < guards.GQA_MIN_PAIRS else None
     err, noise = _with_and_without("gqa_attention", model, step, batch, declined=declined)
@@ -174,13 +175,14 @@ def test_engine_rope_and_attention_in_one_launch(preset, batch):
     assert err <= tolerances.pass_vs_eager_bound(noise)
 
 
-def _hf_step(model, batch: int):
-    """``step(fn)``: one HF decode step at position 512 of a 576-slot StaticCache of random values, restored before
-    each call, through ``fn`` (the model, eager or compiled); the logits in fp32."""
+def _hf_step(model, batch: int, tokens: int = 1):
+    """``step(fn)``: one HF decode step of ``tokens`` new tokens per row (more than one: a step verifying draft
+    tokens) at position 512 of a 576-slot StaticCache of random values, restored before each call, through ``fn``
+    (the model, eager or compiled); the logits in fp32."""
     from transformers import StaticCache
 
-    ids = torch.randint(0, 1000, (batch, 1), device="cuda")
-    position = torch.tensor([512], device="cuda")
+    ids = torch.randint(0, 1000, (batch, tokens), device="cuda")
+    position = torch.arange(512, 512 + tokens, device="cuda")
     cache = StaticCache(config=model.config, max_cache_len=576)
     with torch.no_grad():  # allocates the layers' buffers
         model(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True)

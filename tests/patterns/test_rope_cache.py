@@ -40,11 +40,14 @@ def _engine_step(preset):
     return m, lambda f, cache: f(ids, positions, cache), new_cache
 
 
-def _hf_step(preset, batch=2):
+def _hf_step(preset, batch=2, tokens=1):
+    """An HF step of ``tokens`` new tokens per row (more than one: a step verifying draft tokens) at slot 6 of a
+    16-slot ``StaticCache`` of random contents: (model, step(f, cache), new_cache())."""
     from transformers import StaticCache
 
     m = build_model(preset, form="hf", layers=LAYERS)
-    ids, position = torch.randint(0, 100, (batch, 1), generator=torch.Generator().manual_seed(0)), torch.tensor([6])
+    ids = torch.randint(0, 100, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    position = torch.arange(6, 6 + tokens)
 
     def new_cache():
         cache = StaticCache(config=m.config, max_cache_len=16)
