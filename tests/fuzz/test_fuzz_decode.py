@@ -124,6 +124,14 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # SDPA used to refuse it (kv_heads_dynamic), losing gqa_attention
     spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 8, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=12, steps=2, dynamic="all"))
+@example(  # HF Qwen3, 3 tokens per step (verifying 2 draft tokens), 2 rows x 2 kv heads: gqa_attention takes the
+    # 2 x 3 rows per kv head, each with its own token's mask row (at one token these 4 pairs keep the copy)
+    spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=2, cache_len=10, steps=2, dynamic="static", tokens=3))
+@example(  # HF Llama, 3 tokens per step under dynamic=True: the token count symbolic, so query_too_long (a count
+    # that duck sizing ties to a static size, 2 = the kv heads, would be taken)
+    spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=8, cache_len=9, steps=2, dynamic="all", tokens=3))
 @example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
     # token (rows 2 x 3), rope_attention reported (it takes one token), the three slots per row written
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
