@@ -568,9 +568,9 @@ def print_table(rows: list[dict]) -> None:
             base.get("err_eager", "") if base else "",
             r.get("err_eager", ""),
         ])
-    print(tabulate(table, headers=["preset", "form", "pass", "batch (x tokens)", "fp8 ms", "fp8+pass ms", "pass speed-up",
-                                   "bf16 ms", "vs bf16", "roofline ms", "pass vs no pass", "fp8 vs eager",
-                                   "fp8+pass vs eager"]))
+    print(tabulate(table, headers=["preset", "form", "pass", "batch (x tokens)", "fp8 ms", "fp8+pass ms",
+                                   "pass speed-up", "bf16 ms", "vs bf16", "roofline ms", "pass vs no pass",
+                                   "fp8 vs eager", "fp8+pass vs eager"]))
     for r in rows:
         if r.get("per_round"):
             ratios = " ".join(f"{x:.3f}x" for x in r["per_round"])

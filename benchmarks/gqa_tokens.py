@@ -101,7 +101,6 @@ def main(argv=None) -> int:
                 rows.append((g, b, s, backend.name, t_copy, t_grouped, err))
                 print(f"G={g} B={b} S={s} {backend.name}: copy {t_copy:.1f} us, grouped {t_grouped:.1f} us, "
                       f"{t_copy / t_grouped:.2f}x, rel L2 {err:.1e}", flush=True)
-                del sets
     print(f"\ncache {length} slots, {hkv} kv heads, head dim {d}; us per attention (CUDA-graph median)")
     print("| G | batch | tokens | SDPA kernel | KV copy + SDPA | grouped SDPA | speed-up | rel L2 |")
     print("|---|---|---|---|---|---|---|---|")

@@ -288,10 +288,10 @@ def should_fuse_norm_rope(cache_writes_join: bool) -> Verdict:
 GQA_MIN_PAIRS = 16
 # gqa_attention: the most query tokens per head a step may have (a decode step has one; one verifying draft tokens
 # a few). Above one the mask is copied per group, B x Hq x S x L elements, against the 2 x B x Hq x L x D of the KV
-# copy it saves (the bytes break even at S = 2 x D). H100, benchmarks/gqa_tokens.py (eager, cuDNN, 1024 slots, head dim 128, 8 kv
-# heads), the grouped attention against copy + SDPA at 1-128 tokens: faster everywhere measured, 1.18-2.15x at
-# batch 1, 1.54-24.3x at batch 8 / 32, the least at 128 tokens (1.34-1.59x) and falling with S (docs/benchmarks.md,
-# "A step of several query tokens"). Above 128 (a prefill) nothing was measured: the copy stays.
+# copy it saves (the bytes break even at S = 2 x D). H100, benchmarks/gqa_tokens.py (eager, cuDNN, 1024 slots, head
+# dim 128, 8 kv heads), the grouped attention against copy + SDPA at 1-128 tokens: faster everywhere measured,
+# 1.18-2.15x at batch 1, 1.54-24.3x at batch 8 / 32, the least at 128 tokens (1.34-1.59x) and falling with S
+# (docs/benchmarks.md, "A step of several query tokens"). Above 128 (a prefill) nothing was measured: the copy stays.
 GQA_MAX_QUERY_TOKENS = 128
 
 

@@ -80,6 +80,27 @@ def test_without_switches_rewrites_off():
         decode.pass_config("inline_norms")
 
 
+@pytest.mark.parametrize("form", ["engine", "hf"])
+def test_a_step_of_several_tokens_feeds_them_at_consecutive_positions(form, monkeypatch):
+    # --tokens 3: a step verifying 2 draft tokens; every row's 3 tokens at --context, +1, +2 (the engine's per row)
+    import decode
+
+    from fp8_fusion_pass.models import build_model
+
+    monkeypatch.setattr(decode, "DEVICE", "cpu")
+    model = build_model("qwen3-tiny", form=form, layers=1)
+    runner = (decode.EngineRunner if form == "engine" else decode.HFRunner)(model, 2, 24, 16, tokens=3)
+    ids, pos = runner.args()
+    assert ids.shape == (2, 3)
+    want = [[16, 17, 18]] * 2 if form == "engine" else [16, 17, 18]
+    assert pos.tolist() == want
+    with decode.torch.no_grad():
+        runner.reset()
+        assert runner.step_fn()(*runner.args()).shape[:2] == (2, 3)
+    with pytest.raises(SystemExit, match="--tokens takes 1-64"):
+        decode.main(["--dry-run", "--tokens", "65"])
+
+
 def test_variant_labels_name_their_config():
     import decode
 

@@ -231,3 +231,22 @@ def test_every_sdpa_kernel_op_is_read_by_its_own_argument_names():
         names = [a.name for a in op._schema.arguments]
         assert names[:3] == ["query", "key", "value"] and "is_causal" in names and "dropout_p" in names, op
         assert mask is None or mask in names, op
+
+
+def test_the_token_bound_benchmark_checks_both_forms_agree(capsys):
+    # benchmarks/gqa_tokens.py times the KV copy against the grouped SDPA by tokens (GQA_MAX_QUERY_TOKENS's
+    # measurement); its --dry-run (CPU) runs both forms and exits 1 if their outputs differ
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import gqa_tokens
+
+    assert gqa_tokens.main(["--dry-run", "--batches", "1,2", "--tokens", "1,3", "--groups", "4"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4 |")]
+    assert len(table) == 4, table  # (G, batch, tokens) = (4, 1 | 2, 1 | 3)
+    q, k, v, mask = gqa_tokens.inputs(2, 2, 4, 3, 8, 16, "cpu", 0)
+    assert rel_l2(gqa_tokens.grouped_form(q, k, v, mask), gqa_tokens.copy_form(q, k, v, mask)) < 1e-2
+    # a grouped form that gave every token the first token's mask row would differ: the check can fail
+    wrong = gqa_tokens.grouped_form(q, k, v, mask[:, :, :1].expand_as(mask))
+    assert rel_l2(wrong, gqa_tokens.copy_form(q, k, v, mask)) > 0.05
