@@ -284,12 +284,13 @@ def should_fuse_norm_rope(cache_writes_join: bool) -> Verdict:
 # per pair there, each streaming its L keys and values; with too few the GPU idles. H200, Qwen3-8B HF (8 kv heads,
 # 576 slots), attention kernels per layer from benchmarks/profile_step.py, grouped vs copy + per-head SDPA: 8 pairs
 # (batch 1) 16.3 vs 13.5 us (the step within 0.5%), 16 pairs 16.6 vs 19.3, 32 pairs 17.0 vs 41.5, 64 pairs 17.7
-# vs 53.9, 512 pairs 64.5 vs 348 (docs/benchmarks.md, "Grouped-query attention at decode").
+# vs 53.9, 512 pairs 64.5 vs 348 (docs/benchmarks.md, "Grouped-query attention at decode"). At G = 8 the grouped
+# step measured faster at batch 1 too (H100, Qwen3-32B HF, 13.539 against 14.084 ms), but its 2-layer GPU test put
+# the logits 0.070 from eager against the copy's 0.004 (H100 and H200; the attention alone differs by 2.3e-3,
+# benchmarks/gqa_tokens.py), so the bound holds there too until that is understood ("A step of several query
+# tokens").
 GQA_MIN_PAIRS = 16
-# (At G = 8 the grouped SDPA measured faster at batch 1 too: H100, Qwen3-32B HF, 13.539 against 14.084 ms a step.
-# Not taken: its 2-layer GPU test put the logits 0.070 from eager against the copy's 0.004, on the H100 and the
-# H200, where the attention alone differs by 2.3e-3 (benchmarks/gqa_tokens.py). docs/benchmarks.md, "A step of
-# several query tokens".)
+
 # gqa_attention: the most query tokens per head a step may have (a decode step has one; one verifying draft tokens
 # a few). Above one the mask is copied per group, B x Hq x S x L elements, against the 2 x B x Hq x L x D of the KV
 # copy it saves (the bytes break even at S = 2 x D). H100, benchmarks/gqa_tokens.py (eager, cuDNN, 1024 slots, head
