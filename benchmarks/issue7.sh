@@ -12,6 +12,9 @@
 #     OUT=$OUT bash benchmarks/issue7.sh split  the decode row over several programs (_tiles.SPLIT_ROWS): its GPU
 #                                               test, its sweep, and Qwen3-32B at batch 1 with the sweep's rows and
 #                                               without, one after the other on one machine (238 s)
+#     OUT=$OUT bash benchmarks/issue7.sh verify  steps of several tokens (verifying draft tokens): gqa_tokens.py's
+#                                               attention by tokens (with each form against fp32), then Llama-3.1-8B
+#                                               HF and engine steps of 4 tokens at batch 8 and 32 (~380 s, H100)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -44,8 +47,11 @@ case "${1:-}" in
                   --json "$out/split_decode_32b_b1_with.json" \
            && "${decode[@]}" --presets qwen3-32b --forms engine --batches 1 --interleave 5 \
                   --json "$out/split_decode_32b_b1_without.json" ;;
+    verify) python benchmarks/gqa_tokens.py --batches 1,8,32 > "$out/gqa_tokens.txt" && tail -52 "$out/gqa_tokens.txt" \
+           && "${decode[@]}" --presets llama3.1-8b --forms hf,engine --batches 8,32 --tokens 4 \
+                  --json "$out/verify_llama.json" ;;  # not decode_*.json: no target counts steps of 4 tokens
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

@@ -91,3 +91,11 @@ def test_issue7_sh_targets_reads_every_output_in_the_folder(tmp_path):
     empty = subprocess.run(["bash", str(ROOT / "benchmarks" / "issue7.sh"), "targets"], capture_output=True,
                            text=True, env={**os.environ, "OUT": str(tmp_path / "none")})
     assert empty.returncode == 1 and "no decode_*.json" in empty.stderr
+
+
+def test_steps_of_several_tokens_count_for_no_target():
+    # decode.py --tokens 4 rows (a step verifying draft tokens) in a decode JSON must not stand in for decode cells
+    rows = _decode_rows("qwen3-8b", "engine", 8, 4.0, 3.0)
+    verify = [{**r, "tokens": 4, "ms": r["ms"] * 10} for r in _decode_rows("qwen3-8b", "engine", 8, 4.0, 3.0)]
+    assert it.decode_cells(rows + verify) == it.decode_cells(rows)
+    assert it.decode_cells(verify) == {}
