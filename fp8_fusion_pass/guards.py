@@ -47,7 +47,7 @@ REASONS = {
     "no_kv_write_pair": "rope_cache: not exactly one other cache write (the v write) at the k write's slots",
     "kv_cache_mismatch": "rope_cache: k, v and the two caches differ in shape or dtype",
     "query_too_long": "gqa_attention: more query tokens per head than GQA_MAX_QUERY_TOKENS, or a symbolic count "
-                      "(prefill); the KV copy stays",
+                      "not bounded within it (prefill); the KV copy stays",
     "kv_heads_dynamic": "gqa_attention: the head counts, head dim or cache length are symbolic (dynamic=True); only "
                         "the batch may be; decode_attention: the kv heads or head dim are",
     "kv_copy_shared": "gqa_attention: key and value are not both a repeat_kv copy made for this attention alone, "
@@ -300,12 +300,13 @@ GQA_MIN_PAIRS = 16
 GQA_MAX_QUERY_TOKENS = 128
 
 
-def should_read_cache_grouped(batch, kv_heads: int, tokens: int = 1) -> Verdict:
+def should_read_cache_grouped(batch, kv_heads: int, tokens: int | None = 1) -> Verdict:
     """At one query token and a static batch, enough (batch row, kv head) pairs that the grouped SDPA beats the KV
     copy; a symbolic batch is taken (at batch 1 the two steps measured within 0.5%, at 2-64 the grouped attention
     kernels were 1.2-5.4x faster). With more tokens the per-head SDPA slows (cuDNN, H100: 30.7 -> 48.5 us from 1 to
     2 tokens at batch 1, 8 kv heads, G = 4, 1024 slots) and the grouped one was 1.34-2.15x faster at batch 1, 2-128
-    tokens (``benchmarks/gqa_tokens.py``), its output equal to the copy's, so there every batch is taken."""
+    tokens (``benchmarks/gqa_tokens.py``), its output equal to the copy's, so there every batch is taken (``tokens``
+    None: a count marked dynamic, which Dynamo keeps at 2 or more)."""
     if tokens == 1 and isinstance(batch, int) and batch * kv_heads < GQA_MIN_PAIRS:
         return reject("kv_copy_faster", f"batch {batch} x {kv_heads} kv heads = {batch * kv_heads} programs, under "
                       f"{GQA_MIN_PAIRS} at one token: the grouped SDPA measured no faster than the copy "

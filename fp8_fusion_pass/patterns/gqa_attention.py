@@ -25,15 +25,15 @@ overrideable one), each by its own argument names; the op stays the one the disp
 cuDNN's, and HF decode went 1.066x -> 2.658x at batch 64 with it (Llama-3.1-8B, pass vs no pass, one run:
 ``docs/benchmarks.md``, "Grouped-query attention at decode").
 
-Guards: the switch and deterministic mode; a static query length of at most ``GQA_MAX_QUERY_TOKENS``
-(``query_too_long``: a prefill keeps the copy; its attention is compute-bound and its mask copy would outgrow the
-KV copy); static head counts, head dim and cache length, only the batch may be symbolic (``kv_heads_dynamic``:
-``dynamic=True`` makes them all symbolic); key and value each such a copy of a 4-D cache, made for this attention
-alone, with the same G (``kv_copy_shared``); no causal flag, no dropout, a mask per batch row / head / query token /
-key only, nothing read from the op but its output (``attention_not_plain``); at a static batch, at least
-``guards.GQA_MIN_PAIRS`` (batch row, kv head) pairs at one token (``kv_copy_faster``: cuDNN runs a program per pair,
-and at batch 1 with 8 kv heads the grouped SDPA measured no faster than the copy; with more tokens it measured
-faster at every batch). An SDPA whose key is not a copy is no
+Guards: the switch and deterministic mode; a query length of at most ``GQA_MAX_QUERY_TOKENS``, static or marked
+dynamic with a ``max=`` within it (``query_too_long``: a prefill keeps the copy; its attention is compute-bound and
+its mask copy would outgrow the KV copy); static head counts and head dim, where the batch, the cache length and a
+bounded token count may be symbolic (``kv_heads_dynamic``: ``dynamic=True`` makes them all symbolic); key and value
+each such a copy of a 4-D cache, made for this attention alone, with the same G (``kv_copy_shared``); no causal
+flag, no dropout, a mask per batch row / head / query token / key only, nothing read from the op but its output
+(``attention_not_plain``); at a static batch, at least ``guards.GQA_MIN_PAIRS`` (batch row, kv head) pairs at one
+token (``kv_copy_faster``: cuDNN runs a program per pair, and at batch 1 with 8 kv heads the grouped SDPA measured
+no faster than the copy; with more tokens it measured faster at every batch). An SDPA whose key is not a copy is no
 candidate (nothing reported): MHA models, the engine form, a mask-free call that already passed ``enable_gqa``.
 """
 
@@ -106,10 +106,11 @@ def _only_user_chain(chain: list[Node], sdpa: Node) -> bool:
 def _mask_ok(mask, b, hq, s) -> bool:
     """A 4-D mask per batch row / head / query token / key that broadcasts over [B, Hq, S, L]."""
     m = _graph.val(mask)
-    if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(*m.shape[1:3]):
-        return False  # its keys may be symbolic, as the cache length
+    if not isinstance(m, torch.Tensor) or m.dim() != 4 or not _static(m.shape[1]):
+        return False  # its keys may be symbolic, as the cache length; its tokens as the query's
     rows_ok = statically_known_true(m.shape[0] == 1) or statically_known_true(m.shape[0] == b)
-    return rows_ok and m.shape[1] in (1, hq) and m.shape[2] in (1, s)
+    tokens_ok = statically_known_true(m.shape[2] == 1) or statically_known_true(m.shape[2] == s)
+    return rows_ok and m.shape[1] in (1, hq) and tokens_ok
 
 
 def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
@@ -119,10 +120,12 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     mask_name = SDPA_OPS[sdpa.target]
     mask = kw.get(mask_name) if mask_name else None
     outputs = {u.args[1] for u in sdpa.users if u.target is operator.getitem}
-    if not _static(s) or s > guards.GQA_MAX_QUERY_TOKENS:
+    if not statically_known_true(s <= guards.GQA_MAX_QUERY_TOKENS):
+        how = "" if _static(s) else (", a count known to be within it (a symbolic count: mark the token dim with "
+                                     f"max={guards.GQA_MAX_QUERY_TOKENS} or less)")
         return guards.reject("query_too_long", f"query [{b}, {hq}, {s}, {d}]: the grouped rows take at most "
-                             f"{guards.GQA_MAX_QUERY_TOKENS} query tokens per head, a static count (decode, or a "
-                             "step verifying draft tokens; guards.GQA_MAX_QUERY_TOKENS)")
+                             f"{guards.GQA_MAX_QUERY_TOKENS} query tokens per head{how} (decode, or a step verifying "
+                             "draft tokens; guards.GQA_MAX_QUERY_TOKENS)")
     cache = _graph.val(k[0]).shape
     if not _static(hq, d, k[1], cache[1], cache[3]):
         return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache {list(cache)}: only the "
@@ -143,7 +146,7 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     if mask is not None and not _mask_ok(mask, b, hq, s):
         return guards.reject("attention_not_plain", f"mask {_graph.shape_str(mask=mask)} is not one per batch row "
                              "/ head / query token / key over the query heads")
-    return guards.should_read_cache_grouped(b, hq // k[1], s)
+    return guards.should_read_cache_grouped(b, hq // k[1], _graph.static_int(s))
 
 
 def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
@@ -155,7 +158,10 @@ def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
     mask_name = SDPA_OPS[sdpa.target]
     old_out = next(iter(sdpa.users))
     with _graph.Edit(graph, before=sdpa) as e:  # query head h = kv * G + g, as repeat_kv's; row g * S + token
-        new_kw = {**kw, "query": e.call(aten.reshape.default, kw["query"], [-1, hkv, g * s, d]), "key": k[0],
+        if s is None:  # a token count marked dynamic (bounded, _check said): read from the query by a node
+            s = e.call(aten.sym_size.int, kw["query"], 2)
+        rows = g * s if isinstance(s, int) else e.call(operator.mul, s, g)
+        new_kw = {**kw, "query": e.call(aten.reshape.default, kw["query"], [-1, hkv, rows, d]), "key": k[0],
                   "value": v[0]}  # fmt: skip
         mask = kw.get(mask_name) if mask_name else None
         if mask is not None:  # [B | 1, Hq | 1, S | 1, L] -> [B | 1, Hkv, G * S, L]: a view at S = 1, a copy above
@@ -163,7 +169,7 @@ def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:
             if length is None:
                 length = e.call(aten.sym_size.int, mask, 3)
             wide = e.call(aten.expand.default, mask, [-1, hq, s, length])
-            new_kw[mask_name] = e.call(aten.reshape.default, wide, [-1, hkv, g * s, length])
+            new_kw[mask_name] = e.call(aten.reshape.default, wide, [-1, hkv, rows, length])
         new = e.call(sdpa.target, **new_kw)
         out = e.call(aten.reshape.default, e.call(operator.getitem, new, 0), [-1, hq, s, d])
     old_out.replace_all_uses_with(out)

@@ -225,9 +225,10 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     - ``rope_attention``: both of the above, one token per step, a power-of-two head dim of at least 16, and with q / k
       norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
-    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), a static count of at most
-      ``GQA_MAX_QUERY_TOKENS`` tokens per step (under ``dynamic=True`` one above one is symbolic, unless duck sizing
-      tied it to a static size), and at one token a batch x kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic
+    - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), at most ``GQA_MAX_QUERY_TOKENS`` tokens per
+      step, a static count (under ``dynamic=True`` one above one is symbolic and unbounded, unless duck sizing tied
+      it to a static size; the HF form's marks are the batch's only here, a bounded marked count is
+      ``tests/patterns/test_gqa_attention.py``'s), and at one token a batch x kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic
       batch; the cache length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pattern_helpers import FUSIONS_ONLY, capture, compile_model, rel_l2, run_pass
 from test_rope_cache import LAYERS, _compiled_step, _hf_step
 
+import fp8_fusion_pass
 from fp8_fusion_pass import guards
 from fp8_fusion_pass import report as report_mod
 from fp8_fusion_pass.config import FusionConfig
@@ -127,15 +128,46 @@ def test_guards_keep_the_copy(variant, inputs, reason, why):
     assert _kv_copies(out) == _kv_copies(gm) and not r.errors
 
 
-def test_a_symbolic_token_count_keeps_the_copy():
-    # the grouped rows are G x S: their count must be a number when the graph is compiled
-    q, k, v, mask = _inputs(s=4)
-    torch._dynamo.mark_dynamic(q, 2)
-    torch._dynamo.mark_dynamic(mask, 2)
-    (gm,) = capture(_Attention(), q, k, v, mask)
+def _marked_tokens(s, most=None, b=BATCH):
+    """Inputs of ``s`` query tokens with the token dim of q and the mask marked dynamic (``max=most``)."""
+    q, k, v, mask = _inputs(b=b, s=s)
+    bound = {} if most is None else {"min": 2, "max": most}
+    for t in (q, mask):
+        torch._dynamo.mark_dynamic(t, 2, **bound)
+    return q, k, v, mask
+
+
+def test_an_unbounded_symbolic_token_count_keeps_the_copy():
+    # nothing bounds the rows (a prefill of any length would take the grouped path): the copy stays, and the
+    # report says how to bound them
+    (gm,) = capture(_Attention(), *_marked_tokens(4))
     r, out = run_pass(gm, ALONE)
-    assert r.rejection_reasons() == {"query_too_long": 1} and "a static count" in r.rejected[0].detail, r.render()
+    assert r.rejection_reasons() == {"query_too_long": 1}, r.render()
+    assert f"max={guards.GQA_MAX_QUERY_TOKENS}" in r.rejected[0].detail, r.render()
     assert _kv_copies(out) == 2
+
+
+def test_a_token_count_marked_within_the_bound_is_taken():
+    # a step verifying 1-7 draft tokens, the token dim marked with max=8: the rows G x S read by a node, one
+    # compile for every count, at a batch whose pairs would be too few at one token (2 x 2)
+    module = _Attention()
+    (gm,) = capture(module, *_marked_tokens(4, 8, b=2))
+    r, out = run_pass(gm, ALONE)
+    assert r.counts()["gqa_attention"] == 1 and _kv_copies(out) == 0 and not r.errors, r.render()
+    sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    assert not [n for n in out.graph.nodes if any(isinstance(a, sym) for a in (*n.args, *n.kwargs.values()))]
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    compiled = torch.compile(module, options={"post_grad_custom_post_pass": FP8FusionPass(ALONE),
+                                              "fx_graph_cache": False})  # fmt: skip
+    with torch.no_grad():
+        for s in (4, 2, 7):
+            args = _marked_tokens(s, 8, b=2)
+            got, want = compiled(*args), module(*args)
+            assert rel_l2(got, want) < 1e-2, (s, rel_l2(got, want))
+    reports = report_mod.all_reports()
+    assert len(reports) == 1 and reports[0].counts()["gqa_attention"] == 1, [x.render() for x in reports]
+    torch._dynamo.reset()
 
 
 def test_dropout_keeps_the_copy():
@@ -250,3 +282,37 @@ def test_the_token_bound_benchmark_checks_both_forms_agree(capsys):
     # a grouped form that gave every token the first token's mask row would differ: the check can fail
     wrong = gqa_tokens.grouped_form(q, k, v, mask[:, :, :1].expand_as(mask))
     assert rel_l2(wrong, gqa_tokens.copy_form(q, k, v, mask)) > 0.05
+
+
+def test_an_hf_step_with_its_token_count_marked_is_one_graph_for_every_count():
+    # an HF loop verifying 2-7 draft tokens with the ids' token dim and cache_position marked (max=8): each layer's
+    # attention grouped at a symbolic S, one compile for 4, 3 and 6 tokens, the logits as eager's
+    from fp8_fusion_pass.models import build_model
+    from fp8_fusion_pass.models.decode_inputs import static_cache
+
+    model = build_model("qwen3-tiny", form="hf", layers=LAYERS)
+    cache, tensors = static_cache(model, 2, 24)
+    saved = [t.normal_().clone() for t in tensors]
+
+    def step(fn, s, mark):
+        for t, x in zip(tensors, saved):
+            t.copy_(x)
+        for layer in cache.layers:
+            if hasattr(layer, "cumulative_length"):  # transformers 5.x counts the tokens written
+                layer.cumulative_length.fill_(10)
+        ids = torch.randint(0, 100, (2, s), generator=torch.Generator().manual_seed(s))
+        position = torch.arange(10, 10 + s)
+        if mark:
+            torch._dynamo.mark_dynamic(ids, 1, min=2, max=8)
+            torch._dynamo.mark_dynamic(position, 0, min=2, max=8)
+        with torch.no_grad():
+            return fn(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True).logits.float()
+
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    compiled = torch.compile(model, backend=fp8_fusion_pass.backend(fx_graph_cache=False))
+    for s in (4, 3, 6):
+        assert rel_l2(step(compiled, s, True), step(model, s, False)) < 0.02, s  # measured 0.0038-0.0039
+    reports = report_mod.all_reports()
+    assert len(reports) == 1 and reports[0].counts()["gqa_attention"] == LAYERS, [r.render() for r in reports]
+    torch._dynamo.reset()
