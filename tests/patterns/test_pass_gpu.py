@@ -178,10 +178,11 @@ def test_engine_rope_and_attention_in_one_launch(preset, batch):
     assert err <= tolerances.pass_vs_eager_bound(noise)
 
 
-def _hf_step(model, batch: int, tokens: int = 1):
+def _hf_step(model, batch: int, tokens: int = 1, mark_tokens: int = 0):
     """``step(fn)``: one HF decode step of ``tokens`` new tokens per row (more than one: a step verifying draft
     tokens) at position 512 of a 576-slot StaticCache of random values, restored before each call, through ``fn``
-    (the model, eager or compiled); the logits in fp32."""
+    (the model, eager or compiled); the logits in fp32. ``mark_tokens``: the ids' token dim and the positions marked
+    dynamic with that ``max=`` before each call."""
     from transformers import StaticCache
 
     ids = torch.randint(0, 1000, (batch, tokens), device="cuda")
@@ -197,6 +198,9 @@ def _hf_step(model, batch: int, tokens: int = 1):
             la.values.copy_(v)
             if hasattr(la, "cumulative_length"):  # transformers 5.x counts the tokens written
                 la.cumulative_length.fill_(512)
+        if mark_tokens:
+            torch._dynamo.mark_dynamic(ids, 1, min=2, max=mark_tokens)
+            torch._dynamo.mark_dynamic(position, 0, min=2, max=mark_tokens)
         with torch.no_grad():
             return fn(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True).logits.float()
 
@@ -315,6 +319,24 @@ def test_hf_decode_step_under_dynamic_true_reads_the_cache_grouped():
         print(f"batch {batch}: vs eager {err:.4f}")
         # H200, 2026-12-02, the static compile of this step: 0.0457 with gqa_attention at batch 64 (a wrong head ~1)
         assert err <= 0.1
+    reports = report_mod.all_reports()
+    assert len(reports) == 1 and reports[0].counts().get("gqa_attention") == 2, [r.render() for r in reports]
+    torch._dynamo.reset()
+
+
+def test_hf_step_with_its_token_count_marked_reads_the_cache_grouped():
+    # an HF loop verifying a varying number of draft tokens: the token dim marked with max=8, gqa_attention at a
+    # symbolic S (the grouped rows by a sym_size node), one compile for 4 and 6 tokens at batch 16, against eager
+    # (CPU-checked by tests/patterns/test_gqa_attention.py; written 2026-12-06 after that session's GPU budget)
+    model = build_model("qwen3-8b", form="hf", layers=2, device="cuda")
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    compiled = torch.compile(model, backend=fp8_fusion_pass.backend(**NO_CACHE))
+    for tokens in (4, 6):
+        step = _hf_step(model, 16, tokens, mark_tokens=8)
+        err = _rel(step(compiled), step(model))
+        print(f"{tokens} tokens: vs eager {err:.4f}")
+        assert err <= 0.1  # H100, the static compile of 16 x 4 tokens: 0.0179 (a query row with another's mask ~1)
     reports = report_mod.all_reports()
     assert len(reports) == 1 and reports[0].counts().get("gqa_attention") == 2, [r.render() for r in reports]
     torch._dynamo.reset()
