@@ -129,7 +129,7 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     cache = _graph.val(k[0]).shape
     if not _static(hq, d, k[1], cache[1], cache[3]):
         return guards.reject("kv_heads_dynamic", f"query heads {hq}, head dim {d}, cache {list(cache)}: only the "
-                             "batch and the cache length may be symbolic")
+                             "batch, the cache length and a bounded token count may be symbolic")
     if statically_known_true(cache[2] == 1):  # the mask's last dim then loses its unit stride (H200, torch 2.11)
         return guards.reject("single_key", f"cache {list(_graph.val(k[0]).shape)}: one key per head, nothing to "
                              "save; the grouped [B, Hkv, G, 1] mask fails SDPA's last-dim stride check on the GPU")
