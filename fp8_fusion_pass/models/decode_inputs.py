@@ -28,15 +28,22 @@ class DecodeStep:
     cache: Any  # engine KVCache or transformers StaticCache
     engine: bool
 
-    def run(self, fn: Callable, ids: torch.Tensor | None = None):
-        """``fn`` (the model, compiled or not) on this step, with ``ids`` in place of the step's own if given."""
+    def run(self, fn: Callable, ids: torch.Tensor | None = None, mark: Callable | None = None):
+        """``fn`` (the model, compiled or not) on this step, with ``ids`` in place of the step's own if given.
+        ``mark(ids, positions)``, if given, sees the two tensors ``fn`` gets, right before the call (to mark dims
+        dynamic): the engine's positions [B, S], HF's cache_position [S]."""
         ids = self.ids if ids is None else ids
+        positions = self.positions
+        if not self.engine:
+            for layer in getattr(self.cache, "layers", ()):
+                if hasattr(layer, "cumulative_length"):  # transformers 5.x writes at the tokens it counted
+                    layer.cumulative_length.fill_(int(self.positions[0, 0]))
+            positions = self.positions[0].clone()
+        if mark is not None:
+            mark(ids, positions)
         if self.engine:
-            return fn(ids, self.positions, self.cache)
-        for layer in getattr(self.cache, "layers", ()):
-            if hasattr(layer, "cumulative_length"):  # transformers 5.x writes at the tokens it counted
-                layer.cumulative_length.fill_(int(self.positions[0, 0]))
-        return fn(input_ids=ids, past_key_values=self.cache, cache_position=self.positions[0].clone(), use_cache=True)
+            return fn(ids, positions, self.cache)
+        return fn(input_ids=ids, past_key_values=self.cache, cache_position=positions, use_cache=True)
 
 
 def decode_step(model: torch.nn.Module, batch: int, seq: int, cache_len: int, seed: int = 0) -> DecodeStep:

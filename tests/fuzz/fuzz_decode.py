@@ -7,9 +7,9 @@ plain torch (``decode_attention``'s candidate); the HF form uses transformers' `
 every row, ``index_copy_``) and SDPA over ``repeat_kv`` copies (``gqa_attention``'s candidate).
 
 Dynamic shapes, as users get them: ``static``; ``batch`` (the batch dim of the ids, positions and caches marked
-dynamic, as an engine serving any batch does; HF: of the ids and the StaticCache's tensors); ``tokens`` (engine
-form: the token dim of the ids and positions marked dynamic, with or without ``max=``, as an engine verifying a
-varying number of draft tokens per step does); ``both`` (the two, an engine doing both); ``all`` (``dynamic=True``
+dynamic, as an engine serving any batch does; HF: of the ids and the StaticCache's tensors); ``tokens`` (the token
+dim of the ids and positions marked dynamic, HF: of the ids and ``cache_position``, with or without ``max=``, as a
+loop verifying a varying number of draft tokens per step does); ``both`` (the two); ``all`` (``dynamic=True``
 with floats kept constant, what ``fp8_fusion_pass.fuse(model, dynamic=True)`` compiles: every input size symbolic
 until a guard fixes it)."""
 
@@ -100,7 +100,7 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
         mlp_bias=family == "llama" and draw(st.booleans()), dtype=draw(st.sampled_from(("bf16", "bf16", "fp16"))),
         dynamic=False, specialize_float=False, shapes=((1, 1),), seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
-    modes = ("static", "batch", "tokens", "both", "all") if form == "engine" else ("static", "batch", "all")
+    modes = ("static", "batch", "tokens", "both", "all")
     dynamic = draw(st.sampled_from(modes))
     batch = draw(st.sampled_from((1, 2, 3, 5, 8, 16, 20)))
     steps, tokens = draw(st.integers(1, 2)), draw(st.sampled_from((1, 1, 1, 2, 3)))
@@ -160,16 +160,20 @@ class DecodeRun:
         written = torch.zeros(b, 1, t, 1, dtype=torch.bool)
         written[torch.arange(b).view(b, 1), 0, positions, 0] = True
         with verify_cases()[self.spec.case].apply(self.model, (self.ids[i].clone(),)) as (ids,):
-            bound = {"min": 2, "max": self.spec.token_max} if self.spec.token_max else {}
-            for x in (ids, positions):
-                if self.spec.marks_batch:
-                    torch._dynamo.mark_dynamic(x, 0)
-                if self.spec.marks_tokens:
-                    torch._dynamo.mark_dynamic(x, 1, **bound)
             engine_form = self.spec.model.form == "engine"
             exact = self._exact(ids, positions) if engine_form else None
-            DecodeStep(ids, positions, self.cache, engine_form).run(fn)  # HF: at positions[0], every row
+            DecodeStep(ids, positions, self.cache, engine_form).run(fn, mark=self._mark)  # HF: positions[0]
         return [written.expand(c.shape) for c in self.tensors], exact
+
+    def _mark(self, ids, positions) -> None:
+        """The spec's dims marked dynamic on what the model gets: ids [B, S]; the engine's positions [B, S], HF's
+        cache_position [S]."""
+        bound = {"min": 2, "max": self.spec.token_max} if self.spec.token_max else {}
+        for x in (ids, positions):
+            if self.spec.marks_batch and x.dim() == 2:
+                torch._dynamo.mark_dynamic(x, 0)
+            if self.spec.marks_tokens:
+                torch._dynamo.mark_dynamic(x, x.dim() - 1, **bound)
 
     def _exact(self, ids, positions) -> Exact:
         """The engine step run eagerly on copies of the caches, its attention in fp32 throughout (``engine``'s
@@ -226,9 +230,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
       norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
     - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), at most ``GQA_MAX_QUERY_TOKENS`` tokens per
-      step, a static count (under ``dynamic=True`` one above one is symbolic and unbounded, unless duck sizing tied
-      it to a static size; the HF form's marks are the batch's only here, a bounded marked count is
-      ``tests/patterns/test_gqa_attention.py``'s), and at one token a batch x kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic
+      step, static or marked with a ``max=`` (under ``dynamic=True``, or marked without one, a count above one is
+      symbolic and unbounded: rejected, unless duck sizing tied it to a static size), and at one token a batch x kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic
       batch; the cache length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers
@@ -258,7 +261,7 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         if spec.groups > 1 and "gqa_attention" not in off:
             candidates.add("gqa_attention")
             pairs_ok = symbolic_batch or spec.tokens > 1 or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS
-            if spec.tokens <= guards.GQA_MAX_QUERY_TOKENS and pairs_ok:
+            if spec.tokens <= guards.GQA_MAX_QUERY_TOKENS and pairs_ok and not unbounded_tokens:
                 if spec.tokens == 1 or spec.dynamic != "all":
                     out["gqa_attention"] = layers
                 else:  # symbolic (query_too_long) unless duck sizing made it a static size it equals

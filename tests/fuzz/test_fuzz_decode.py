@@ -128,6 +128,13 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # 2 x 3 rows per kv head, each with its own token's mask row (at one token these 4 pairs keep the copy)
     spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=2, cache_len=10, steps=2, dynamic="static", tokens=3))
+@example(  # HF Qwen3, 3 tokens per step, the token dim marked with max=8 (ids and cache_position): gqa_attention at a
+    # symbolic S, one compile for both steps
+    spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=2, cache_len=10, steps=2, dynamic="tokens", tokens=3, token_max=8))
+@example(  # HF Llama, batch and tokens marked, the tokens without a bound: gqa_attention keeps the copy
+    spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="both", tokens=2))
 @example(  # HF Llama, 3 tokens per step under dynamic=True: the token count symbolic, so query_too_long (a count
     # that duck sizing ties to a static size, 2 = the kv heads, would be taken)
     spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,

@@ -36,3 +36,22 @@ def test_rows_at_their_own_positions_and_a_step_that_does_not_fit():
     assert decode_step(model, batch=3, seq=1, cache_len=8).positions.tolist() == [[7], [4], [1]]
     with pytest.raises(ValueError, match="does not fit a 8-slot cache"):
         decode_step(model, batch=1, seq=9, cache_len=8)
+
+
+@pytest.mark.parametrize("form", ["engine", "hf"])
+def test_mark_sees_the_tensors_the_model_gets(form):
+    # a caller marking dims dynamic must mark what the model is called with: HF's cache_position is a copy of the
+    # first row's positions, made inside run
+    model = build_model("llama-tiny", form=form, layers=1)
+    step = decode_step(model, batch=2, seq=3, cache_len=8)
+    seen, got = [], []
+
+    def fn(*args, **kwargs):
+        got.append(kwargs.get("cache_position", args[1] if args else None))
+        return model(*args, **kwargs)
+
+    with torch.no_grad():
+        step.run(fn, mark=lambda ids, positions: seen.append((ids.shape, positions)))
+    ((ids_shape, positions),) = seen
+    assert ids_shape == (2, 3) and positions is got[0]
+    assert positions.shape == ((2, 3) if form == "engine" else (3,))
