@@ -231,8 +231,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     HF form (SDPA over ``repeat_kv`` copies)
     - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), at most ``GQA_MAX_QUERY_TOKENS`` tokens per
       step, static or marked with a ``max=`` (under ``dynamic=True``, or marked without one, a count above one is
-      symbolic and unbounded: rejected, unless duck sizing tied it to a static size), and at one token a batch x kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic
-      batch; the cache length may be symbolic.
+      symbolic and unbounded: rejected, unless duck sizing tied it to a static size), and at one token a batch x
+      kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers
     d, bf16 = m.head_dim, m.dtype == "bf16"
