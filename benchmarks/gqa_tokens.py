@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _timing import rotating_copies, time_graph  # noqa: E402
 
+from fp8_fusion_pass.kernels import reference  # noqa: E402
+
 BF16 = torch.bfloat16
 
 
@@ -64,11 +66,13 @@ def inputs(b, hkv, g, s, length, d, device, seed):
 
 
 def exact(q, k, v, mask):
-    """The attention in fp32 (the reference both forms are measured against: which one rounds nearer)."""
-    g = q.shape[1] // k.shape[1]
-    kf, vf = (t.float().repeat_interleave(g, dim=1) for t in (k, v))
-    scores = q.float() @ kf.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask.float()
-    return torch.softmax(scores, dim=-1) @ vf
+    """The attention in fp32, as [B, Hq, S, D] (the reference both forms are measured against: which one rounds
+    nearer): the library's reference on the grouped rows, fed fp32 so it rounds nothing."""
+    b, hq, s, d = q.shape
+    hkv, length = k.shape[1], k.shape[2]
+    keep = (mask == 0).expand(b, hq, s, length).reshape(b, hkv, hq // hkv * s, length)
+    out = reference.decode_attention(q.float().reshape(b, hkv, hq // hkv * s, d), k, v, keep, d**-0.5)
+    return out.reshape(b, hq, s, d)
 
 
 def rel(x, ref) -> float:
