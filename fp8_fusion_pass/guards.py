@@ -284,12 +284,14 @@ def should_fuse_norm_rope(cache_writes_join: bool) -> Verdict:
 # per pair there, each streaming its L keys and values; with too few the GPU idles. H200, Qwen3-8B HF (8 kv heads,
 # 576 slots), attention kernels per layer from benchmarks/profile_step.py, grouped vs copy + per-head SDPA: 8 pairs
 # (batch 1) 16.3 vs 13.5 us (the step within 0.5%), 16 pairs 16.6 vs 19.3, 32 pairs 17.0 vs 41.5, 64 pairs 17.7
-# vs 53.9, 512 pairs 64.5 vs 348 (docs/benchmarks.md, "Grouped-query attention at decode"). At G = 8 the grouped
-# step measured faster at batch 1 too (H100, Qwen3-32B HF, 13.539 against 14.084 ms), but its 2-layer GPU test put
-# the logits 0.070 from eager against the copy's 0.004 (H100 and H200; the attention alone differs by 2.3e-3,
-# benchmarks/gqa_tokens.py), so the bound holds there too until that is understood ("A step of several query
-# tokens").
+# vs 53.9, 512 pairs 64.5 vs 348 (docs/benchmarks.md, "Grouped-query attention at decode").
 GQA_MIN_PAIRS = 16
+# gqa_attention: at this many query heads per kv head the copy (G times the cache) costs more than the idle GPU, so
+# the pairs bound above does not apply. H100, Qwen3-32B HF at batch 1 (G = 8, 8 kv heads: 8 pairs), the whole step
+# in one run: 13.539 ms with the grouped SDPA, 14.084 ms with the copy (15.983 without the pass); the attention alone
+# 26.3 vs 53.3 us at 1024 slots, each 2.2e-3 from fp32 attention (benchmarks/gqa_tokens.py, 2026-12-06). At G = 4 the
+# H200's profile above kept the copy (the H100's attention alone: 1.19x faster grouped; not changed on that).
+GQA_GROUPS_ALWAYS = 8
 
 # gqa_attention: the most query tokens per head a step may have (a decode step has one; one verifying draft tokens
 # a few). Above one the mask is copied per group, B x Hq x S x L elements, against the 2 x B x Hq x L x D of the KV
@@ -300,17 +302,19 @@ GQA_MIN_PAIRS = 16
 GQA_MAX_QUERY_TOKENS = 128
 
 
-def should_read_cache_grouped(batch, kv_heads: int, tokens: int | None = 1) -> Verdict:
-    """At one query token and a static batch, enough (batch row, kv head) pairs that the grouped SDPA beats the KV
-    copy; a symbolic batch is taken (at batch 1 the two steps measured within 0.5%, at 2-64 the grouped attention
-    kernels were 1.2-5.4x faster). With more tokens the per-head SDPA slows (cuDNN, H100: 30.7 -> 48.5 us from 1 to
-    2 tokens at batch 1, 8 kv heads, G = 4, 1024 slots) and the grouped one was 1.34-2.15x faster at batch 1, 2-128
-    tokens (``benchmarks/gqa_tokens.py``), its output equal to the copy's, so there every batch is taken (``tokens``
-    None: a count marked dynamic, which Dynamo keeps at 2 or more)."""
-    if tokens == 1 and isinstance(batch, int) and batch * kv_heads < GQA_MIN_PAIRS:
+def should_read_cache_grouped(batch, kv_heads: int, groups: int, tokens: int | None = 1) -> Verdict:
+    """At one query token, fewer than ``GQA_GROUPS_ALWAYS`` query heads per kv head and a static batch, enough
+    (batch row, kv head) pairs that the grouped SDPA beats the KV copy; a symbolic batch is taken (at batch 1 the two
+    steps measured within 0.5%, at 2-64 the grouped attention kernels were 1.2-5.4x faster). With more tokens the
+    per-head SDPA slows (cuDNN, H100: 30.7 -> 48.5 us from 1 to 2 tokens at batch 1, 8 kv heads, G = 4, 1024 slots)
+    and the grouped one was 1.34-2.15x faster at batch 1, 2-128 tokens (``benchmarks/gqa_tokens.py``), its output
+    equal to the copy's, so there every batch is taken (``tokens`` None: a count marked dynamic, which Dynamo keeps
+    at 2 or more); with 8 query heads per kv head too (the copy is 8 caches: ``GQA_GROUPS_ALWAYS``)."""
+    few_pairs = isinstance(batch, int) and batch * kv_heads < GQA_MIN_PAIRS
+    if tokens == 1 and groups < GQA_GROUPS_ALWAYS and few_pairs:
         return reject("kv_copy_faster", f"batch {batch} x {kv_heads} kv heads = {batch * kv_heads} programs, under "
-                      f"{GQA_MIN_PAIRS} at one token: the grouped SDPA measured no faster than the copy "
-                      "(guards.GQA_MIN_PAIRS)")
+                      f"{GQA_MIN_PAIRS}, at one token and {groups} query heads per kv head: the grouped SDPA "
+                      "measured no faster than the copy (guards.GQA_MIN_PAIRS)")
     return OK
 
 

@@ -32,8 +32,9 @@ bounded token count may be symbolic (``kv_heads_dynamic``: ``dynamic=True`` make
 each such a copy of a 4-D cache, made for this attention alone, with the same G (``kv_copy_shared``); no causal
 flag, no dropout, a mask per batch row / head / query token / key only, nothing read from the op but its output
 (``attention_not_plain``); at a static batch, at least ``guards.GQA_MIN_PAIRS`` (batch row, kv head) pairs at one
-token (``kv_copy_faster``: cuDNN runs a program per pair, and at batch 1 with 8 kv heads the grouped SDPA measured
-no faster than the copy; with more tokens it measured faster at every batch). An SDPA whose key is not a copy is no
+token and fewer than ``GQA_GROUPS_ALWAYS`` query heads per kv head (``kv_copy_faster``: cuDNN runs a program per
+pair, and at batch 1 with 8 kv heads and G = 4 the grouped SDPA measured no faster than the copy; with more tokens,
+or G = 8, it measured faster at every batch). An SDPA whose key is not a copy is no
 candidate (nothing reported): MHA models, the engine form, a mask-free call that already passed ``enable_gqa``.
 """
 
@@ -146,7 +147,7 @@ def _check(sdpa: Node, kw: dict, k, v) -> guards.Verdict:
     if mask is not None and not _mask_ok(mask, b, hq, s):
         return guards.reject("attention_not_plain", f"mask {_graph.shape_str(mask=mask)} is not one per batch row "
                              "/ head / query token / key over the query heads")
-    return guards.should_read_cache_grouped(b, hq // k[1], _graph.static_int(s))
+    return guards.should_read_cache_grouped(b, hq // k[1], k[1], _graph.static_int(s))
 
 
 def rewrite(graph: Graph, sdpa: Node, kw: dict, k, v) -> str:

@@ -124,6 +124,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # SDPA used to refuse it (kv_heads_dynamic), losing gqa_attention
     spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 8, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=12, steps=2, dynamic="all"))
+@example(  # HF Qwen3, 8 query heads per kv head at batch 1, one token: 2 pairs, under GQA_MIN_PAIRS, but the copy is
+    # 8 caches: gqa_attention taken (GQA_GROUPS_ALWAYS)
+    spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 16, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=1, cache_len=10, steps=2, dynamic="static"))
 @example(  # HF Qwen3, 3 tokens per step (verifying 2 draft tokens), 2 rows x 2 kv heads: gqa_attention takes the
     # 2 x 3 rows per kv head, each with its own token's mask row (at one token these 4 pairs keep the copy)
     spec=DecodeSpec(DecoderSpec("qwen3", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from pattern_helpers import FUSIONS_ONLY, capture, compile_model, rel_l2, run_pass
+from pattern_helpers import FUSIONS_ONLY, capture, compile_model, exact_sdpa, rel_l2, run_pass
 from test_rope_cache import LAYERS, _compiled_step, _hf_step
 
 import fp8_fusion_pass
@@ -94,6 +94,7 @@ def _inputs(variant="", b=BATCH, s=1, hkv=2, g=2, length=16, d=64, mask_rows=Non
     ("", {"s": 4}), ("per_head_mask", {"s": 3}),  # a step verifying draft tokens: a mask row per token
     ("", {"s": 4, "mask_rows": 1}),  # one mask row for every token (broadcast)
     ("", {"b": 2, "s": 2}),  # 2 x 2 pairs, too few at one token (kv_copy_faster): with more, measured faster
+    ("", {"b": 1, "g": 8}),  # 1 x 2 pairs, but 8 query heads per kv head: the copy is 8 caches (GQA_GROUPS_ALWAYS)
     ("", {"s": guards.GQA_MAX_QUERY_TOKENS, "length": 32}),  # the most tokens taken
 ])  # fmt: skip
 def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant, sizes):
@@ -118,10 +119,11 @@ def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant, siz
     ("k_read_too", {}, "kv_copy_shared", "also feeds"),  # the copy stays for its other reader: nothing saved
     ("v_not_copied", {}, "kv_copy_shared", "not both"),
     ("", {"b": 2}, "kv_copy_faster", "4 programs"),  # 2 x 2 pairs: too few programs for the grouped SDPA
+    ("", {"b": 2, "g": 4}, "kv_copy_faster", "4 query heads per kv head"),  # G = 4, under GQA_GROUPS_ALWAYS
     ("", {"length": 1}, "single_key", "one key per head"),  # a first token without a cache (failed on the H200)
 ])  # fmt: skip
 def test_guards_keep_the_copy(variant, inputs, reason, why):
-    (gm,) = capture(_Attention(variant), *_inputs(variant, **inputs))
+    (gm,) = capture(_Attention(variant, inputs.get("g", 2)), *_inputs(variant, **inputs))
     r, out = run_pass(gm, ALONE)
     assert "gqa_attention" not in r.counts() and r.rejection_reasons() == {reason: 1}, r.render()
     assert why in next(d.detail for d in r.rejected if d.pattern == "gqa_attention"), r.render()
@@ -238,10 +240,33 @@ def test_symbolic_heads_are_reported():
     assert r.rejection_reasons() == {"kv_heads_dynamic": 1} and _kv_copies(out) == 2, r.render()
 
 
+def test_exact_sdpa_is_fp32_attention_and_reaches_an_hf_model():
+    # the reference the GPU test at 8 query heads per kv head holds both compiles to: SDPA in fp32 (torch's own on
+    # fp32 inputs, additive or boolean mask, grouped or not), and transformers' attention calls it
+    q, k, v, mask = (t.float() for t in _inputs(g=4))
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=mask,
+                                          scale=0.125)  # fmt: skip
+    with exact_sdpa():
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
+        got_bool = F.scaled_dot_product_attention(q, k, v, attn_mask=mask == 0, scale=0.125, enable_gqa=True)
+        with pytest.raises(NotImplementedError):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(got_bool, want, atol=1e-5)
+    model, step, new_cache = _hf_step("qwen3-tiny", 2)
+    with torch.no_grad():
+        plain = step(model, new_cache()[0]).logits
+        with exact_sdpa():
+            exact = step(model, new_cache()[0]).logits
+    assert not torch.equal(exact, plain) and rel_l2(exact, plain) < 0.05  # reached, and the same attention
+
+
 def test_the_min_pairs_guard_reads_batch_times_kv_heads():
-    assert not guards.should_read_cache_grouped(1, 8).ok and guards.should_read_cache_grouped(2, 8).ok
-    assert guards.should_read_cache_grouped(torch.SymInt, 1).ok  # not an int: symbolic, taken
-    assert guards.should_read_cache_grouped(1, 8, tokens=2).ok  # several tokens: measured faster at any batch
+    assert not guards.should_read_cache_grouped(1, 8, 4).ok and guards.should_read_cache_grouped(2, 8, 4).ok
+    assert guards.should_read_cache_grouped(torch.SymInt, 1, 4).ok  # not an int: symbolic, taken
+    assert guards.should_read_cache_grouped(1, 8, 4, tokens=2).ok  # several tokens: measured faster at any batch
+    assert guards.should_read_cache_grouped(1, 8, 4, tokens=None).ok  # a marked count: 2 or more
+    assert not guards.should_read_cache_grouped(1, 8, 7).ok  # G = 7, under GQA_GROUPS_ALWAYS: the pairs count
+    assert guards.should_read_cache_grouped(1, 8, 8).ok  # 8 query heads per kv head: the copy is 8 caches
 
 
 class _NoCopy(torch.nn.Module):
