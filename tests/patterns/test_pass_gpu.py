@@ -329,6 +329,33 @@ def test_engine_step_at_a_token_count_marked_dynamic(preset):
     assert counts.get("decode_attention") == counts.get("rope_cache") == 2, report.render()
 
 
+def test_engine_step_under_dynamic_true_pins_the_kv_heads(monkeypatch):
+    # fuse(model, dynamic=True) with the RoPE-cache rewrites off: nothing in the graph fixes the cache's kv heads, so
+    # decode_attention pins them by a guard (_pin_kv_heads) and takes the attention at static rows. Llama-3.1-8B's
+    # heads, 2 layers, batch 1, against the model run eagerly with exact attention, next to Inductor's compile under
+    # dynamic=True (CPU-checked by tests/fuzz/test_fuzz_decode.py::test_a_kv_head_count_the_pass_pins_is_guarded)
+    from fp8_fusion_pass.patterns import decode_attention as attention_pattern
+
+    pins = []
+    pin = attention_pattern._pin_kv_heads
+    monkeypatch.setattr(attention_pattern, "_pin_kv_heads", lambda hkv, r: pins.append(pin(hkv, r)) or pins[-1])
+    model, step = _engine_8b_step("llama3.1-8b", 1)
+    exact = step(_exact_attention(model))
+    config = fp8_fusion_pass.FusionConfig(rope_cache=False, rope_attention=False)
+    torch._dynamo.reset()
+    report_mod.clear_reports()
+    got = step(fp8_fusion_pass.fuse(model, config=config, dynamic=True, options=NO_CACHE))
+    reports = report_mod.all_reports()
+    torch._dynamo.reset()
+    plain = step(torch.compile(model, dynamic=True))
+    torch._dynamo.reset()
+    assert len(reports) == 1 and reports[0].counts().get("decode_attention") == 2, [r.render() for r in reports]
+    assert True in pins, pins  # the kv heads were symbolic, and pinned
+    err, noise = _rel(got, exact), _rel(plain, exact)
+    print(f"vs exact attention: with the pass {err:.4f}, Inductor alone {noise:.4f}")
+    assert err <= tolerances.pass_vs_eager_bound(noise)
+
+
 def test_hf_decode_step_under_dynamic_true_reads_the_cache_grouped():
     # fuse(model, dynamic=True) on an HF decode step: the StaticCache's length is symbolic as well as the batch, and
     # gqa_attention's grouped mask takes its length from a sym_size node; one compile for batch 16 and 24 on the
