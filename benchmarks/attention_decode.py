@@ -41,6 +41,7 @@ from decode import capture, log, time_replays  # noqa: E402
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
+ONE_TOKEN = ("fused_upto", "upto+quant", "upto_quant")  # the forms that read one position per batch row
 SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (16, 32, 64, 128) for w in (4, 8) for st in (2, 3)
          for p in (0, 1, 2, 4)]  # fmt: skip (programs 0: one split per kv head)
 
@@ -137,6 +138,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq", type=int, default=576)
     p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,upto+quant,upto_quant,"
                                       "math+pass")
+    p.add_argument("--tokens", type=int, default=1, help="query tokens per row (more than one: a step verifying draft "
+                   "tokens; the one-token forms fused_upto, upto+quant and upto_quant are left out)")
+    p.add_argument("--heads", type=int, default=32, help="query heads (over 8 kv heads): 32 for the 8B models, 64 for "
+                   "Qwen3-32B")
     p.add_argument("--sweep", action="store_true", help="time SWEEP's kernel configs instead (the upto form)")
     p.add_argument("--sweep-mask", action="store_true", help="with --sweep: the mask form")
     args = p.parse_args(argv)
@@ -145,17 +150,18 @@ def main(argv=None) -> int:
         sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq, args.sweep_mask)
         return 0
     bw = copy_bandwidth()
-    h, hkv, d = 32, 8, 128
+    h, hkv, d, s = args.heads, 8, 128, args.tokens
+    impls = [i for i in args.impls.split(",") if s == 1 or i not in ONE_TOKEN]
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         g = torch.Generator(device="cuda").manual_seed(batch)
-        q = torch.randn(batch, h, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        q = torch.randn(batch, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k_cache = torch.randn(batch, hkv, args.max_seq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         v_cache = torch.randn_like(k_cache)
-        positions = torch.full((batch, 1), args.context, device="cuda", dtype=torch.long)
+        positions = args.context + torch.arange(s, device="cuda").expand(batch, s)  # token i sees the slots up to it
         want = reference(q, k_cache, v_cache, positions, d**-0.5)
-        roof_us = 2 * batch * hkv * (args.context + 1) * d * 2 / bw * 1e6
-        for impl in args.impls.split(","):
+        roof_us = 2 * batch * hkv * (args.context + s) * d * 2 / bw * 1e6
+        for impl in impls:
             try:
                 fn = compiled(impl, d**-0.5)
                 graph, out = capture(fn, (q, k_cache, v_cache, positions))
@@ -169,6 +175,7 @@ def main(argv=None) -> int:
             log(" ".join(map(str, rows[-1])))
     from tabulate import tabulate
 
+    print(f"{h} query heads, 8 kv heads, {s} token(s) per row: {h // 8 * s} query rows per kv head")
     print(tabulate(rows, headers=["batch", "impl", "us", "roofline us", "x roofline", "rel err vs fp32"]))
     return 0
 

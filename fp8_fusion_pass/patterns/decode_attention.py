@@ -50,7 +50,12 @@ NAME = "decode_attention"
 FUSED = torch.ops.fp8_fusion.decode_attention.default
 FUSED_UPTO = torch.ops.fp8_fusion.decode_attention_upto.default
 FUSED_UPTO_QUANT = torch.ops.fp8_fusion.decode_attention_upto_quant.default
-MAX_ROWS = 16  # query rows per kv head the rewrite takes (one MMA tile): decode, G heads x a few tokens
+# Query rows per kv head the rewrite takes (one MMA tile): decode, G heads x a few tokens. The op takes up to 64
+# (ops.ATTENTION_MAX_ROWS), but at 32 rows (8 tokens x 4 heads, or 4 x 8) the kernel lost to Inductor's math form at
+# batch 1 / 8 (12.1 / 16.6 against 9.1 / 13.6 us; won at batch 32, 36.0 against 47.3) and the Llama-3.1-8B engine
+# step of 8 tokens at batch 8 with it was 4.667 ms against 4.629 without (H100, 2026-12-06; docs/benchmarks.md,
+# "8 query heads per kv head at batch 1").
+MAX_ROWS = 16
 CONVERT = prims.convert_element_type.default
 HALF = (torch.bfloat16, torch.float16)
 
