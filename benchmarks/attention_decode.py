@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
+import decode  # noqa: E402
 from _timing import copy_bandwidth  # noqa: E402
 from decode import capture, log, time_replays  # noqa: E402
 
@@ -149,16 +150,17 @@ def main(argv=None) -> int:
     if args.sweep:
         sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq, args.sweep_mask)
         return 0
-    bw = copy_bandwidth()
+    dev = decode.DEVICE  # "cuda"; "cpu" where a test sets it (the table's code end to end, wall-clock times)
+    bw = copy_bandwidth(dry_run=dev == "cpu")
     h, hkv, d, s = args.heads, 8, 128, args.tokens
     impls = [i for i in args.impls.split(",") if s == 1 or i not in ONE_TOKEN]
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        g = torch.Generator(device="cuda").manual_seed(batch)
-        q = torch.randn(batch, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k_cache = torch.randn(batch, hkv, args.max_seq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        g = torch.Generator(device=dev).manual_seed(batch)
+        q = torch.randn(batch, h, s, d, device=dev, dtype=torch.bfloat16, generator=g)
+        k_cache = torch.randn(batch, hkv, args.max_seq, d, device=dev, dtype=torch.bfloat16, generator=g)
         v_cache = torch.randn_like(k_cache)
-        positions = args.context + torch.arange(s, device="cuda").expand(batch, s)  # token i sees the slots up to it
+        positions = args.context + torch.arange(s, device=dev).expand(batch, s)  # token i sees the slots up to it
         want = reference(q, k_cache, v_cache, positions, d**-0.5)
         roof_us = 2 * batch * hkv * (args.context + s) * d * 2 / bw * 1e6
         for impl in impls:

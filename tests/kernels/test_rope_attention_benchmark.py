@@ -1,6 +1,6 @@
 """``benchmarks/rope_attention.py`` on the CPU: its table (the two launches against the fused op, the caches and
 outputs compared; the ops' CPU backend is the reference) and its ``--sweep`` (the Triton kernel itself, in the
-interpreter) run end to end."""
+interpreter) run end to end; ``benchmarks/attention_decode.py``'s table at several tokens per row."""
 
 from __future__ import annotations
 
@@ -50,6 +50,19 @@ def test_table_takes_the_heads_and_models_asked_for(on_cpu, capsys, monkeypatch)
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
     assert [r[1] for r in rows] == ["qwen3", "qwen3"] and all(r[-2] == "True" for r in rows), rows
     assert set(seen) == {(16, 2)}
+
+
+def test_attention_decode_times_a_step_of_several_tokens_against_fp32(on_cpu, capsys):
+    # a step verifying 3 draft tokens, 2 query heads per kv head: 8 rows per kv head, each token its own mask row;
+    # the one-token form (fused_upto) is left out, every other output held to fp32 attention
+    args = ["--batches", "1,2", "--tokens", "4", "--heads", "16", "--impls", "math,fused,fused_upto",
+            "--context", "20", "--max-seq", "32"]  # fmt: skip
+    assert attention_decode.main(args) == 0
+    out = capsys.readouterr().out
+    assert "16 query heads, 8 kv heads, 4 token(s) per row: 8 query rows per kv head" in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:2] in ("1 ", "2 ")]
+    assert sorted((r[0], r[1]) for r in rows) == [("1", "fused"), ("1", "math"), ("2", "fused"), ("2", "math")]
+    assert all(float(r[-1]) < 1e-2 for r in rows), rows  # measured: math 3.6e-3 (its bf16 scores), fused 5e-5
 
 
 @pytest.mark.parametrize("args", [["--models", "qwen"], ["--heads", "64"], ["--heads", "64,x"]])
