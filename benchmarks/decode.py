@@ -28,7 +28,10 @@ random values up to ``--context`` tokens, so every step attends over the same le
 Accuracy: each block-FP8 variant's logits against the same model run eagerly (``torch.compiler.set_stance
 ("force_eager")``, same weights and KV cache, the cache's token count reset before each), and pass against no
 pass (``--compile full``: the logits of the last timed step, whose HF cache state differs from the eager one). Random weights through 36 layers amplify
-any rounding difference, so compare the pass's error against eager with the no-pass compile's, not with zero.
+any rounding difference, so compare the pass's error against eager with the no-pass compile's, not with zero. In
+the HF form the no-pass compile reads the farther from eager: Inductor keeps in fp32 what eager rounds to bf16 (HF's
+RMSNorm), which the fp8 quants amplify; the pass's kernels round as eager does (docs/benchmarks.md, "Every cell on
+one commit: engine and HF forms").
 
 A run stopped by SIGTERM (``timeout 560 python benchmarks/decode.py ...``, to fit a device call) still prints the
 table, with the accuracy columns, of every cell that finished.
