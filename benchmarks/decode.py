@@ -149,6 +149,34 @@ def inductor_options(spec: str) -> dict:
     return options
 
 
+def set_thresholds(spec: str) -> dict:
+    """``"guards.GQA_MIN_PAIRS=1,patterns.decode_attention.MAX_ROWS=64"``: each a number the pass decides by
+    (``fp8_fusion_pass.<module>.<NAME>``, upper case, an int or float there already), set for the whole run, so a
+    guard's alternative is timed without editing it. The pass's cache key reads them (``fusion_pass.thresholds``): a
+    graph compiled under one value is never served under another. Returns ``{name: value}``; anything else exits."""
+    import importlib
+
+    done = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        target, sep, text = (t.strip() for t in item.partition("="))
+        module_name, _, name = target.rpartition(".")
+        try:
+            module = importlib.import_module(f"fp8_fusion_pass.{module_name}") if sep and module_name else None
+        except ImportError:
+            module = None
+        old = getattr(module, name, None)
+        if module is None or not name.isupper() or isinstance(old, bool) or not isinstance(old, (int, float)):
+            raise SystemExit(f"--set: {item!r} is not MODULE.NAME=VALUE for a number of fp8_fusion_pass "
+                             "(e.g. guards.GQA_MIN_PAIRS=1)")
+        try:
+            value = type(old)(text)
+        except ValueError:
+            raise SystemExit(f"--set: {target} is {type(old).__name__}, not {text!r}") from None
+        setattr(module, name, value)
+        done[target] = value
+    return done
+
+
 def pass_options(config: FusionConfig | None) -> dict:
     """Inductor options of one compile: the run's ``--inductor`` ones, and the pass under ``config`` unless None."""
     return {**INDUCTOR_OPTIONS, **({"post_grad_custom_post_pass": FP8FusionPass(config)} if config is not None else {})}
@@ -477,6 +505,9 @@ def main(argv=None) -> int:
                    help="rewrites the +pass variant runs without, e.g. inline_norm,group_gemm (FusionConfig names)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
     p.add_argument("--json", metavar="PATH", help="also write every cell (the table's rows, as measured) to PATH")
+    p.add_argument("--set", default="", metavar="MODULE.NAME=VALUE,...",
+                   help="a threshold of the pass for the whole run, e.g. guards.GQA_MIN_PAIRS=1 (fp8_fusion_pass's "
+                        "module and name; a number it has already)")
     p.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
                    help="Inductor options for every compile, with and without the pass (e.g. combo_kernels=True)")
     p.add_argument("--interleave", type=int, default=0, metavar="R",
@@ -501,6 +532,7 @@ def main(argv=None) -> int:
     global PASS_CONFIG, INDUCTOR_OPTIONS
     PASS_CONFIG = pass_config(args.without)
     INDUCTOR_OPTIONS = inductor_options(args.inductor)
+    thresholds = set_thresholds(args.set)
     args.batches = [int(b) for b in args.batches.split(",")]
     variants = ["block", "block+pass", *also_variant(args.also), *([] if args.no_bf16 else ["bf16"])]
     for label in variants:
@@ -511,7 +543,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(dry_run=args.dry_run)
     device_name = "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name()
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}; Inductor options "
-        f"{INDUCTOR_OPTIONS or 'default'}")
+        f"{INDUCTOR_OPTIONS or 'default'}; pass thresholds {thresholds or 'as committed'}")
     rows: list[dict] = []
     held: list = []  # --interleave: the captured cells of the current preset and form (timed, then cleared)
     # An HF cell costs 50-90 s of layer recompiles on the H200, so a run may outlast its device call: under

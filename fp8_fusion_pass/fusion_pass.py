@@ -25,6 +25,7 @@ import hashlib
 import importlib
 import logging
 import pathlib
+import pkgutil
 import sys
 import threading
 import warnings
@@ -63,6 +64,30 @@ def hashed_files() -> list[pathlib.Path]:
     return files
 
 
+def thresholds() -> tuple:
+    """The guards' and the patterns' module-level numbers as they are now (``GQA_MIN_PAIRS``, ``MAX_ROWS``, ...):
+    the sources are hashed, but a caller may set one at run time (a benchmark's ``--set``, a user tuning a bound),
+    and a graph compiled under one value must not be served to a compile under another."""
+    return tuple((m.__name__, name, value) for m in _threshold_modules() for name, value in sorted(vars(m).items())
+                 if name.isupper() and _plain(value))
+
+
+@functools.cache
+def _threshold_modules() -> tuple:
+    """guards and every pattern module, imported now: the key must not depend on which ones a compile has loaded."""
+    from . import patterns
+
+    names = sorted(info.name for info in pkgutil.iter_modules(patterns.__path__))
+    return (guards, *(importlib.import_module(f"{patterns.__name__}.{name}") for name in names))
+
+
+def _plain(value) -> bool:
+    """A number, string or flag, or a tuple of them: what a threshold is (not an op handle or a table of them)."""
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (bool, int, float, str))
+
+
 def checked_config(config: FusionConfig | None) -> FusionConfig:
     """``config``, or the default for None; anything else is a TypeError now rather than an error inside
     Inductor's compile at the model's first call."""
@@ -94,7 +119,7 @@ class FP8FusionPass(_Base):
         # The scale-semantics registry is user-extensible at run time: an op registered after a compile must not
         # be served the cached graph compiled before it (its fill would stay).
         extra = (_fingerprint(self.config), torch.__version__, torch.are_deterministic_algorithms_enabled(),
-                 backends.explicit_choice(), scale_semantics.fingerprint(),
+                 backends.explicit_choice(), scale_semantics.fingerprint(), thresholds(),
                  # the failure-injection test hook changes what the pass does, so it is part of the key: a graph
                  # compiled with a fault injected must never be served to a normal compile
                  tuple(sorted(map(repr, _FAULTS))))

@@ -98,6 +98,20 @@ def test_uuid_changes_with_env_and_deterministic_mode(monkeypatch):
     assert FP8FusionPass().uuid() == base
 
 
+def test_uuid_changes_with_a_threshold_set_at_run_time(monkeypatch):
+    # a benchmark's --set, or a user tuning a bound: the sources are the same, the rewrite decided otherwise
+    from fp8_fusion_pass import guards
+    from fp8_fusion_pass.patterns import decode_attention
+
+    base = FP8FusionPass().uuid()
+    monkeypatch.setattr(guards, "GQA_MIN_PAIRS", 1)
+    pairs = FP8FusionPass().uuid()
+    monkeypatch.setattr(decode_attention, "MAX_ROWS", 64)
+    assert len({base, pairs, FP8FusionPass().uuid()}) == 3
+    monkeypatch.undo()
+    assert FP8FusionPass().uuid() == base
+
+
 def test_uuid_covers_the_pattern_sources(tmp_path, monkeypatch):
     """Editing any hashed source (pass, guards, patterns, op schemas) changes the key: the hash reads file
     contents, not names or mtimes."""
