@@ -58,7 +58,8 @@ REASONS = {
                            "[B, Hkv, T, D] tensors, a padding other than pad_mm's of the rows, or a step also read "
                            "elsewhere",
     "attention_rows_above_decode": "decode_attention: more than 16 query rows per kv head (heads per kv head x "
-                                   "tokens: a prefill); the GEMMs and softmax stay",
+                                   "tokens: a prefill, or a step verifying more draft tokens; at 32 rows the kernel "
+                                   "measured slower at batch 1-8, H100); the GEMMs and softmax stay",
     "attention_rows_dynamic": "decode_attention: the query rows per kv head are a symbolic token count whose range "
                               "is not known to stay within 16 (a token dim marked dynamic without max=)",
     "rope_attention_not_single": "rope_attention: more than one token, the RoPE op's q also read elsewhere or not "

@@ -279,7 +279,9 @@ class Match:
                                      "dynamic with max= keeps them within it")
         elif (r := _graph.static_int(r)) > MAX_ROWS:
             return guards.reject("attention_rows_above_decode", f"{r} query rows per kv head, above {MAX_ROWS}: a "
-                                 "prefill (its GEMMs are compute-bound; the decode kernel is not built for them)")
+                                 "prefill, or a step verifying more draft tokens (at 32 rows the kernel measured "
+                                 "slower than Inductor's GEMMs and softmax at batch 1-8; patterns.decode_attention."
+                                 "MAX_ROWS)")
         if d > _ops.ATTENTION_MAX_HEAD_DIM:
             return guards.reject("attention_not_plain", f"head dim {d} above {_ops.ATTENTION_MAX_HEAD_DIM}")
         if not (_graph.shape_is(kc, (b, hkv, t, d)) and _graph.shape_is(vc, (b, hkv, t, d))):
