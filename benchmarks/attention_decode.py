@@ -92,33 +92,44 @@ def compiled(impl: str, scale: float):
     return torch.compile(lambda q, kc, vc, pos, impl=impl: decode_attention(q, kc, vc, pos, scale, impl))
 
 
-def sweep(batches, context: int, max_seq: int, mask: bool) -> None:
+def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, tokens: int = 1) -> None:
     """Every SWEEP config on the kernel alone, per batch: us per call, the best first. ``mask``: the mask form
-    (else the upto form)."""
+    (else the upto form, one token only); ``heads`` / ``tokens``: the query rows per kv head, heads / 8 x tokens,
+    each token's rows seeing the slots up to its own position (a step verifying draft tokens)."""
     from tabulate import tabulate
 
-    hkv, r, d = 8, 4, 128
+    dev = decode.DEVICE
+    hkv, d = 8, 128
+    r = heads // hkv * tokens
+    if tokens > 1 and not mask:
+        raise SystemExit("--sweep at more than one token: the mask form (--sweep-mask); upto reads one position a row")
     best = []
     for batch in batches:
-        g = torch.Generator(device="cuda").manual_seed(batch)
-        q = torch.randn(batch, hkv, r, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k_cache = torch.randn(batch, hkv, max_seq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        g = torch.Generator(device=dev).manual_seed(batch)
+        q = torch.randn(batch, hkv, r, d, device=dev, dtype=torch.bfloat16, generator=g)
+        k_cache = torch.randn(batch, hkv, max_seq, d, device=dev, dtype=torch.bfloat16, generator=g)
         v_cache = torch.randn_like(k_cache)
-        seen = (torch.arange(max_seq, device="cuda") <= context).view(1, 1, 1, max_seq) if mask else (
-            torch.full((batch,), context, device="cuda"))  # fmt: skip
+        if mask:  # rows (query head, token): token i sees the slots up to context + i, as fused() lays them out
+            keep = torch.arange(max_seq, device=dev) <= context + torch.arange(tokens, device=dev).view(tokens, 1)
+            seen = keep.expand(heads // hkv, tokens, max_seq).reshape(1, 1, r, max_seq)
+        else:
+            seen = torch.full((batch,), context, device=dev)
         call = kernel.decode_attention if mask else kernel.decode_attention_upto
+        reps = 20 if dev == "cuda" else 1  # the interpreter (a test): each config once
         times = []
         for cfg in SWEEP:
-            graph, _ = capture(lambda *a, cfg=cfg, call=call: [call(*a, d**-0.5, cfg) for _ in range(20)],
+            graph, _ = capture(lambda *a, cfg=cfg, call=call: [call(*a, d**-0.5, cfg) for _ in range(reps)],
                                (q, k_cache, v_cache, seen))  # fmt: skip
-            times.append((time_replays(graph, 20) * 1e3 / 20, cfg))
+            times.append((time_replays(graph, 20) * 1e3 / reps, cfg))
         times.sort(key=lambda x: x[0])
-        splits = [kernel.plan(batch * hkv, max_seq, torch.cuda.get_device_properties(0).multi_processor_count, c)[0]
-                  for _, c in times[:3]]  # fmt: skip
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
+        splits = [kernel.plan(batch * hkv, max_seq, sms, c)[0] for _, c in times[:3]]
         chosen = kernel.config_for(batch * hkv)
         default = next((us for us, c in times if c == chosen), float("nan"))
         log(f"sweep batch {batch}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
         best.append([batch, f"{times[0][0]:.2f}", str(times[0][1]), splits[0], f"{default:.2f}", f"{times[-1][0]:.2f}"])
+    print(f"{r} query rows per kv head ({heads} query heads, 8 kv heads, {tokens} token(s)), "
+          f"{'mask' if mask else 'upto'} form")
     print(tabulate(best, headers=["batch", "best us", "config", "splits", "TABLE's us", "worst us"]))
 
 
@@ -148,7 +159,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     if args.sweep:
-        sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq, args.sweep_mask)
+        sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq, args.sweep_mask, args.heads,
+              args.tokens)
         return 0
     dev = decode.DEVICE  # "cuda"; "cpu" where a test sets it (the table's code end to end, wall-clock times)
     bw = copy_bandwidth(dry_run=dev == "cpu")

@@ -65,6 +65,19 @@ def test_attention_decode_times_a_step_of_several_tokens_against_fp32(on_cpu, ca
     assert all(float(r[-1]) < 1e-2 for r in rows), rows  # measured: math 3.6e-3 (its bf16 scores), fused 5e-5
 
 
+def test_attention_decode_sweeps_the_rows_of_a_step_of_several_tokens(on_cpu, capsys):
+    # the kernel alone (the interpreter) at 2 query heads per kv head x 4 tokens, each token its own mask row; the
+    # upto form reads one position a row, so several tokens take the mask form only
+    args = ["--sweep", "--sweep-mask", "--batches", "1", "--tokens", "4", "--heads", "16", "--context", "20",
+            "--max-seq", "32"]  # fmt: skip
+    assert attention_decode.main(args) == 0
+    out = capsys.readouterr().out
+    assert "8 query rows per kv head (16 query heads, 8 kv heads, 4 token(s)), mask form" in out
+    assert "AttentionConfig(" in out
+    with pytest.raises(SystemExit, match="the mask form"):
+        attention_decode.main(["--sweep", "--batches", "1", "--tokens", "4"])
+
+
 @pytest.mark.parametrize("args", [["--models", "qwen"], ["--heads", "64"], ["--heads", "64,x"]])
 def test_unknown_models_and_bad_heads_are_refused(on_cpu, args):
     with pytest.raises(SystemExit):
