@@ -19,19 +19,20 @@ median of several rounds. ``--interleave R``: every block-FP8 variant of a prese
 models kept alive side by side), then timed in R rounds that visit the variants in turn, so a drift of the GPU's
 clocks or memory during the run falls on all of them alike; the table has the medians and a line per cell gives
 the speed-up of every round (for close calls: a ratio near a target is read with its spread, not one number).
-Every other round visits the variants in reverse order. The prefill is timed as without it, while the other
-variants' models are held; bf16 runs after the cell is timed and its models freed. HF ``generate()`` with a static cache under ``reduce-overhead`` failed on the H200 image
-(torch 2.11, transformers 5.17) with "accessing tensor output of CUDAGraphs that has been overwritten", so the
-benchmark owns its decode loop. The KV cache is static (engine ``KVCache`` / HF ``StaticCache``) and pre-filled with
-random values up to ``--context`` tokens, so every step attends over the same length.
+Every other round visits the variants in reverse order. The prefill is timed as without it, while the other variants'
+models are held; bf16 runs after the cell is timed and its models freed. HF ``generate()`` with a static cache under
+``reduce-overhead`` failed on the H200 image (torch 2.11, transformers 5.17) with "accessing tensor output of CUDAGraphs
+that has been overwritten", so the benchmark owns its decode loop. The KV cache is static (engine ``KVCache`` / HF
+``StaticCache``) and pre-filled with random values up to ``--context`` tokens, so every step attends over the same
+length.
 
 Accuracy: each block-FP8 variant's logits against the same model run eagerly (``torch.compiler.set_stance
-("force_eager")``, same weights and KV cache, the cache's token count reset before each), and pass against no
-pass (``--compile full``: the logits of the last timed step, whose HF cache state differs from the eager one). Random weights through 36 layers amplify
-any rounding difference, so compare the pass's error against eager with the no-pass compile's, not with zero. In
-the HF form the no-pass compile reads the farther from eager: Inductor keeps in fp32 what eager rounds to bf16 (HF's
-RMSNorm), which the fp8 quants amplify; the pass's kernels round as eager does (docs/benchmarks.md, "Every cell on
-one commit: engine and HF forms").
+("force_eager")``, same weights and KV cache, the cache's token count reset before each), and pass against no pass
+(``--compile full``: the logits of the last timed step, whose HF cache state differs from the eager one). Random weights
+through 36 layers amplify any rounding difference, so compare the pass's error against eager with the no-pass compile's,
+not with zero. In the HF form the no-pass compile reads the farther from eager: Inductor keeps in fp32 what eager rounds
+to bf16 (HF's RMSNorm), which the fp8 quants amplify; the pass's kernels round as eager does (docs/benchmarks.md, "Every
+cell on one commit: engine and HF forms").
 
 A run stopped by SIGTERM (``timeout 560 python benchmarks/decode.py ...``, to fit a device call) still prints the
 table, with the accuracy columns, of every cell that finished.
@@ -71,9 +72,8 @@ from _timing import copy_bandwidth  # noqa: E402
 from fp8_fusion_pass import report  # noqa: E402
 from fp8_fusion_pass.config import FUSIONS, FusionConfig  # noqa: E402
 from fp8_fusion_pass.fusion_pass import FP8FusionPass  # noqa: E402
-from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
 from fp8_fusion_pass.models import build_model, engine  # noqa: E402
-
+from fp8_fusion_pass.models.presets import get_preset  # noqa: E402
 
 DEVICE = "cuda"  # "cpu" with --dry-run
 

@@ -124,7 +124,8 @@ def can_run_fusion(switch: str, bit_exact: bool, config: FusionConfig, env_disab
         return reject("disabled_by_env", f"{ENV_DISABLE} lists {switch}")
     if deterministic and not bit_exact:
         return reject("deterministic_mode", "torch.are_deterministic_algorithms_enabled() is True and this fusion "
-                      "is not bit-exact (reduction order, or a backend that skips the bf16 rounding, may move a value by one fp8 step)")
+                      "is not bit-exact (reduction order, or a backend that skips the bf16 rounding, may move a value "
+                      "by one fp8 step)")
     return OK
 
 

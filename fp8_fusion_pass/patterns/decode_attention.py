@@ -21,14 +21,15 @@ A candidate is a bmm whose first operand is a softmax over the last dim (amax, s
 has already turned the max and the sum into one ``prepare_softmax_online``) rounded to a half dtype; either bmm may
 be Inductor's row-padded one (``pad_mm``: ``bmm(cat([a, zeros], 1), b)[:, :m]``, or the rows padded by
 ``constant_pad_nd``, as torch 2.11-2.13 write it). Guards, each with its reason:
-the softmax's input is fp32 ``scale * scores`` (or the scores alone) where a boolean mask puts -inf, the scores a bmm of the same batch, keys a [B, Hkv, T, D] tensor transposed and
-values a [B, Hkv, T, D] tensor, nothing else reading any step and a 4-D mask (``attention_not_plain``; an additive
-mask, as HF's eager attention adds, is one of these); q / k / v bf16 or fp16 (``dtype_not_bf16``); static head
-dim and kv heads (``kv_heads_dynamic``; a symbolic kv head count of the cache's own is pinned by a guard where that
-makes the rows static: ``_pin_kv_heads``); at most ``MAX_ROWS`` rows per kv head (``attention_rows_above_decode``:
-at prefill the rows are many and the GEMMs are compute-bound, which the decode kernel is not built for), a symbolic
-token count only where the shape env bounds the rows by it (``attention_rows_dynamic``: a token dim marked dynamic
-with ``max=``; one compile then serves every count); a kernel for the device (``no_fused_kernel``).
+the softmax's input is fp32 ``scale * scores`` (or the scores alone) where a boolean mask puts -inf, the scores a bmm of
+the same batch, keys a [B, Hkv, T, D] tensor transposed and values a [B, Hkv, T, D] tensor, nothing else reading any
+step and a 4-D mask (``attention_not_plain``; an additive mask, as HF's eager attention adds, is one of these); q / k /
+v bf16 or fp16 (``dtype_not_bf16``); static head dim and kv heads (``kv_heads_dynamic``; a symbolic kv head count of the
+cache's own is pinned by a guard where that makes the rows static: ``_pin_kv_heads``); at most ``MAX_ROWS`` rows per kv
+head (``attention_rows_above_decode``: at prefill the rows are many and the GEMMs are compute-bound, which the decode
+kernel is not built for), a symbolic token count only where the shape env bounds the rows by it
+(``attention_rows_dynamic``: a token dim marked dynamic with ``max=``; one compile then serves every count); a kernel
+for the device (``no_fused_kernel``).
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ class Match:
         if padded is not None:
             _, operand, (self.out, pad) = padded
             self.nodes = [self.out, pv, pad]  # out first: nothing after it is the match's own reader
-        elif _op(operand, aten.cat.default, aten.constant_pad_nd.default) and _probabilities(_padded_input(operand), []):
+        elif (_op(operand, aten.cat.default, aten.constant_pad_nd.default)
+              and _probabilities(_padded_input(operand), [])):
             # a softmax times values, padded in a way _rows_padded does not read: say so, not a silent skip
             how = list(operand.args[1]) if _op(operand, aten.constant_pad_nd.default) else "cat"
             raise _NotPlain(f"the value GEMM's probabilities are padded ({how} -> {_graph.shape_str(p=operand)}) in a "
