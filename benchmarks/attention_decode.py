@@ -20,7 +20,9 @@ against the fp32 math reference:
 - ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed.
 
 ``--sweep`` times every ``AttentionConfig`` of ``SWEEP`` on the kernel alone (20 calls per CUDA graph, so the
-graph launch is not counted), per batch, and prints the best: the upto form (``--sweep-mask``: the mask form).
+graph launch is not counted), per batch, and prints the best: the upto form (``--sweep-mask``: the mask form; with
+``--heads`` / ``--tokens`` the rows of a step verifying draft tokens, each token's own mask row). Each config's
+output is held to fp32 attention (``CHECK_REL_ERR``): one off it is reported WRONG and never ranked.
 Roofline: the valid K/V bytes read once over the copy bandwidth.
 """
 
@@ -39,10 +41,14 @@ import decode  # noqa: E402
 from _timing import copy_bandwidth  # noqa: E402
 from decode import capture, log, time_replays  # noqa: E402
 
+from fp8_fusion_pass.kernels import reference as reference_mod  # noqa: E402
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
 ONE_TOKEN = ("fused_upto", "upto+quant", "upto_quant")  # the forms that read one position per batch row
+# The sweep's check of each config against fp32 attention (relative L2): the kernel rounds p and the output, ~2.3e-3
+# (as tests/tolerances.py ATTENTION_REL_L2: a wrong max, sum or merge gives > 0.1).
+CHECK_REL_ERR = 6e-3
 SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (16, 32, 64, 128) for w in (4, 8) for st in (2, 3)
          for p in (0, 1, 2, 4)]  # fmt: skip (programs 0: one split per kv head)
 
@@ -115,22 +121,34 @@ def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, toke
         else:
             seen = torch.full((batch,), context, device=dev)
         call = kernel.decode_attention if mask else kernel.decode_attention_upto
+        keep = seen if mask else torch.arange(max_seq, device=dev) <= seen.view(-1, 1, 1, 1)
+        want = reference_mod.decode_attention(q.float(), k_cache, v_cache, keep, d**-0.5)  # fp32 throughout
         reps = 20 if dev == "cuda" else 1  # the interpreter (a test): each config once
-        times = []
+        times, wrong = [], []
         for cfg in SWEEP:
-            graph, _ = capture(lambda *a, cfg=cfg, call=call: [call(*a, d**-0.5, cfg) for _ in range(reps)],
-                               (q, k_cache, v_cache, seen))  # fmt: skip
-            times.append((time_replays(graph, 20) * 1e3 / reps, cfg))
+            graph, outs = capture(lambda *a, cfg=cfg, call=call: [call(*a, d**-0.5, cfg) for _ in range(reps)],
+                                  (q, k_cache, v_cache, seen))  # fmt: skip
+            us = time_replays(graph, 20) * 1e3 / reps  # first: a captured graph's outputs hold values once replayed
+            err = ((outs[0].float() - want).norm() / want.norm()).item()
+            if not err <= CHECK_REL_ERR:  # a config wrong at these rows is reported, never ranked
+                wrong.append(f"{cfg} ({err:.1e})")
+                continue
+            times.append((us, cfg))
+        if wrong:
+            log(f"sweep batch {batch}: WRONG against fp32 attention: " + "; ".join(wrong))
+        if not times:
+            raise SystemExit(f"sweep batch {batch}: every config WRONG against fp32 attention")
         times.sort(key=lambda x: x[0])
         sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
         splits = [kernel.plan(batch * hkv, max_seq, sms, c)[0] for _, c in times[:3]]
         chosen = kernel.config_for(batch * hkv)
         default = next((us for us, c in times if c == chosen), float("nan"))
         log(f"sweep batch {batch}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
-        best.append([batch, f"{times[0][0]:.2f}", str(times[0][1]), splits[0], f"{default:.2f}", f"{times[-1][0]:.2f}"])
+        best.append([batch, f"{times[0][0]:.2f}", str(times[0][1]), splits[0], f"{default:.2f}", f"{times[-1][0]:.2f}",
+                     len(wrong)])
     print(f"{r} query rows per kv head ({heads} query heads, 8 kv heads, {tokens} token(s)), "
           f"{'mask' if mask else 'upto'} form")
-    print(tabulate(best, headers=["batch", "best us", "config", "splits", "TABLE's us", "worst us"]))
+    print(tabulate(best, headers=["batch", "best us", "config", "splits", "TABLE's us", "worst us", "WRONG"]))
 
 
 def reference(q, k_cache, v_cache, positions, scale):

@@ -78,6 +78,20 @@ def test_attention_decode_sweeps_the_rows_of_a_step_of_several_tokens(on_cpu, ca
         attention_decode.main(["--sweep", "--batches", "1", "--tokens", "4"])
 
 
+def test_attention_decode_sweep_ranks_no_config_off_fp32(on_cpu, monkeypatch):
+    # each config's output is checked against fp32 attention first: a kernel that dropped the last key of every
+    # row is reported WRONG and never ranked (here every config, so the sweep has nothing to rank and says so)
+    real = attention_decode.kernel.decode_attention
+
+    def last_key_lost(q, k_cache, v_cache, keep, scale, cfg):
+        return real(q, k_cache, v_cache, keep & (torch.arange(keep.shape[-1]) < 20), scale, cfg)
+
+    monkeypatch.setattr(attention_decode.kernel, "decode_attention", last_key_lost)
+    args = ["--sweep", "--sweep-mask", "--batches", "1", "--heads", "16", "--context", "20", "--max-seq", "32"]
+    with pytest.raises(SystemExit, match="every config WRONG"):
+        attention_decode.main(args)
+
+
 @pytest.mark.parametrize("args", [["--models", "qwen"], ["--heads", "64"], ["--heads", "64,x"]])
 def test_unknown_models_and_bad_heads_are_refused(on_cpu, args):
     with pytest.raises(SystemExit):
