@@ -53,13 +53,19 @@ SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (16, 32, 64, 128) for w 
          for p in (0, 1, 2, 4)]  # fmt: skip (programs 0: one split per kv head)
 
 
+def grouped_keep(positions, groups: int, t: int):
+    """The mask of the engine's grouped rows: ``positions [B, S]`` -> ``keep [B, 1, G x S, T]``, row (query head g,
+    token i) seeing the slots up to token i's position, as the rewrite lays them out (at one token a view)."""
+    b, s = positions.shape
+    keep = (torch.arange(t, device=positions.device) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, S, T]
+    return keep.expand(b, groups, s, t).reshape(b, 1, groups * s, t) if s > 1 else keep
+
+
 def fused(q, k_cache, v_cache, positions, scale):
     """The engine's grouped q and mask (``engine.decode_attention``) handed to the fused op."""
     b, h, s, d = q.shape
     hkv, t = k_cache.shape[1], k_cache.shape[2]
-    keep = (torch.arange(t, device=q.device) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, S, T]
-    if s > 1:  # the rows are (query head, token) pairs; at one token every row is the token's: the rewrite's one row
-        keep = keep.expand(b, h // hkv, s, t).reshape(b, 1, h // hkv * s, t)
+    keep = grouped_keep(positions, h // hkv, t)
     o = torch.ops.fp8_fusion.decode_attention(q.reshape(b, hkv, h // hkv * s, d), k_cache, v_cache, keep, scale)
     return o.reshape(b, h, s, d)
 
@@ -116,8 +122,7 @@ def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, toke
         k_cache = torch.randn(batch, hkv, max_seq, d, device=dev, dtype=torch.bfloat16, generator=g)
         v_cache = torch.randn_like(k_cache)
         if mask:  # rows (query head, token): token i sees the slots up to context + i, as fused() lays them out
-            keep = torch.arange(max_seq, device=dev) <= context + torch.arange(tokens, device=dev).view(tokens, 1)
-            seen = keep.expand(heads // hkv, tokens, max_seq).reshape(1, 1, r, max_seq)
+            seen = grouped_keep(context + torch.arange(tokens, device=dev).view(1, tokens), heads // hkv, max_seq)
         else:
             seen = torch.full((batch,), context, device=dev)
         call = kernel.decode_attention if mask else kernel.decode_attention_upto
@@ -152,13 +157,12 @@ def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, toke
 
 
 def reference(q, k_cache, v_cache, positions, scale):
+    """``q [B, H, S, D]`` as the engine's grouped rows through ``kernels.reference.decode_attention`` (fp32)."""
     b, h, s, d = q.shape
-    rep = h // k_cache.shape[1]
-    k = k_cache.float().repeat_interleave(rep, 1)
-    v = v_cache.float().repeat_interleave(rep, 1)
-    scores = (q.float() @ k.transpose(-1, -2)) * scale
-    mask = torch.arange(k.shape[2], device=q.device) <= positions.view(b, 1, s, 1)
-    return (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v).to(q.dtype)
+    hkv = k_cache.shape[1]
+    keep = grouped_keep(positions, h // hkv, k_cache.shape[2])
+    o = reference_mod.decode_attention(q.reshape(b, hkv, h // hkv * s, d), k_cache, v_cache, keep, scale)
+    return o.reshape(b, h, s, d)
 
 
 def main(argv=None) -> int:

@@ -50,9 +50,7 @@ lm_head) plus the KV cache read, over the copy bandwidth measured in the same ru
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
 import gc
 import json
 import os
@@ -67,6 +65,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
+from _decode_options import also_variant, inductor_options, pass_config, set_thresholds  # noqa: E402
 from _timing import copy_bandwidth  # noqa: E402
 
 from fp8_fusion_pass import report  # noqa: E402
@@ -91,14 +90,6 @@ def compile_step(fn, config: FusionConfig | None):
 PASS_CONFIG = FusionConfig()
 
 
-def pass_config(without: str) -> FusionConfig:
-    """The default config with the comma-separated rewrites of ``--without`` switched off."""
-    try:
-        return FusionConfig.without(without)
-    except ValueError as e:
-        raise SystemExit(f"--without: {e}") from None
-
-
 def variant_config(variant: str) -> FusionConfig | None:
     """The pass's config for a variant label: ``block`` / ``bf16`` -> None (no pass), ``block+pass`` ->
     ``PASS_CONFIG``, and ``block+pass`` followed by ``+REWRITE`` / ``-REWRITE`` items (``--also``) -> ``PASS_CONFIG``
@@ -116,65 +107,9 @@ def variant_config(variant: str) -> FusionConfig | None:
     return dataclasses.replace(PASS_CONFIG, **{name: sign == "+" for sign, name in changes})
 
 
-def also_variant(spec: str) -> list[str]:
-    """``--also "-norm_rope,+x"`` -> ``["block+pass-norm_rope+x"]`` (a name without a sign switches it on)."""
-    items = [item.strip() for item in spec.split(",") if item.strip()]
-    return ["block+pass" + "".join(item if item[0] in "+-" else "+" + item for item in items)] if items else []
-
-
 # Inductor options for every compile of a run, with the pass and without (``--inductor``): an A/B of the pass
 # must not give one side a compiler setting the other lacks.
 INDUCTOR_OPTIONS: dict = {}
-
-
-def inductor_options(spec: str) -> dict:
-    """``"combo_kernels=True,coordinate_descent_tuning=True"`` -> ``{name: value}``. Each name must be an
-    option of ``torch._inductor.config`` (dotted for its sub-configs: ``triton.cudagraphs``), each value a Python
-    literal; anything else exits with the reason."""
-    from torch._inductor import config as inductor_config
-
-    options = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, sep, value = (t.strip() for t in item.partition("="))
-        if not sep or not name:
-            raise SystemExit(f"--inductor: {item!r} is not NAME=VALUE")
-        try:
-            functools.reduce(getattr, name.split("."), inductor_config)
-        except AttributeError:
-            raise SystemExit(f"--inductor: torch._inductor.config has no option {name!r}") from None
-        try:
-            options[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            raise SystemExit(f"--inductor: {name}={value!r} is not a Python literal (True, 1, 0.5, 'text')") from None
-    return options
-
-
-def set_thresholds(spec: str) -> dict:
-    """``"guards.GQA_MIN_PAIRS=1,patterns.decode_attention.MAX_ROWS=64"``: each a number the pass decides by
-    (``fp8_fusion_pass.<module>.<NAME>``, upper case, an int or float there already), set for the whole run, so a
-    guard's alternative is timed without editing it. The pass's cache key reads them (``fusion_pass.thresholds``): a
-    graph compiled under one value is never served under another. Returns ``{name: value}``; anything else exits."""
-    import importlib
-
-    done = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        target, sep, text = (t.strip() for t in item.partition("="))
-        module_name, _, name = target.rpartition(".")
-        try:
-            module = importlib.import_module(f"fp8_fusion_pass.{module_name}") if sep and module_name else None
-        except ImportError:
-            module = None
-        old = getattr(module, name, None)
-        if module is None or not name.isupper() or isinstance(old, bool) or not isinstance(old, (int, float)):
-            raise SystemExit(f"--set: {item!r} is not MODULE.NAME=VALUE for a number of fp8_fusion_pass "
-                             "(e.g. guards.GQA_MIN_PAIRS=1)")
-        try:
-            value = type(old)(text)
-        except ValueError:
-            raise SystemExit(f"--set: {target} is {type(old).__name__}, not {text!r}") from None
-        setattr(module, name, value)
-        done[target] = value
-    return done
 
 
 def pass_options(config: FusionConfig | None) -> dict:

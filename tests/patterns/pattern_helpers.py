@@ -123,22 +123,26 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 @contextlib.contextmanager
 def exact_sdpa():
-    """Every ``F.scaled_dot_product_attention`` call inside in fp32: scores, softmax and p @ v unrounded, the output
-    rounded once to q's dtype. transformers' SDPA attention looks the function up on each call, so an HF model run
-    eagerly inside this is the model with exact attention: what a rewrite that changes the attention kernel is held
-    to, since the o_proj's fp8 quant turns any kernel's ~2e-3 from exact into ~0.07 of 2 layers' logits (whichever
-    kernel eager itself runs agrees with the copy form's to the bit)."""
+    """Every ``F.scaled_dot_product_attention`` call inside is ``reference.decode_attention``: scores, softmax and
+    p @ v in fp32, the output rounded once to q's dtype (the reference the library's attention kernels are held
+    to). transformers' SDPA attention looks the function up on each call, so an HF model run eagerly inside this is
+    the model with exact attention: what a rewrite that changes the attention kernel is held to, since the o_proj's
+    fp8 quant turns any kernel's ~2e-3 from exact into ~0.07 of 2 layers' logits (whichever kernel eager itself
+    runs agrees with the copy form's to the bit). Masks: boolean, or additive of 0 / -inf (or the dtype's min)."""
     plain = F.scaled_dot_product_attention
 
     def exact(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if dropout_p or is_causal:
             raise NotImplementedError("exact_sdpa: no dropout, no causal flag (a decode step passes its mask)")
+        keep = torch.ones((), dtype=torch.bool, device=q.device) if attn_mask is None else attn_mask
+        if keep.dtype != torch.bool:  # additive: 0 where seen, -inf (or the dtype's min, as HF once wrote) where not
+            hidden = keep <= torch.finfo(keep.dtype).min
+            if not (hidden | (keep == 0)).all():
+                raise NotImplementedError("exact_sdpa: an additive mask of 0 / -inf only (not a bias)")
+            keep = ~hidden
         g = q.shape[-3] // k.shape[-3]  # enable_gqa: each kv head serves g query heads
-        k, v = (t.float().repeat_interleave(g, -3) for t in (k, v))
-        s = q.float() @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
-        if attn_mask is not None:
-            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask.float()
-        return (s.softmax(-1) @ v).to(q.dtype)
+        k, v = (t.repeat_interleave(g, -3) for t in (k, v))
+        return reference.decode_attention(q, k, v, keep, q.shape[-1] ** -0.5 if scale is None else scale)
 
     torch.nn.functional.scaled_dot_product_attention = exact
     try:

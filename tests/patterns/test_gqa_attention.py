@@ -249,9 +249,13 @@ def test_exact_sdpa_is_fp32_attention_and_reaches_an_hf_model():
     with exact_sdpa():
         got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
         got_bool = F.scaled_dot_product_attention(q, k, v, attn_mask=mask == 0, scale=0.125, enable_gqa=True)
+        got_min = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.clamp(min=torch.finfo(mask.dtype).min),
+                                                 scale=0.125, enable_gqa=True)  # fmt: skip
         with pytest.raises(NotImplementedError):
             F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(got_bool, want, atol=1e-5)
+        with pytest.raises(NotImplementedError, match="not a bias"):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask + 0.5, enable_gqa=True)
+    assert all(torch.allclose(x, want, atol=1e-5) for x in (got, got_bool, got_min))
     model, step, new_cache = _hf_step("qwen3-tiny", 2)
     with torch.no_grad():
         plain = step(model, new_cache()[0]).logits
