@@ -48,7 +48,7 @@ def inductor_options(spec: str) -> dict:
 
 
 def set_thresholds(spec: str) -> dict:
-    """``"guards.GQA_MIN_PAIRS=1,patterns.decode_attention.MAX_ROWS=64"``: each a number the pass decides by
+    """``"guards.GQA_MIN_BATCH_HEADS=1,patterns.decode_attention.MAX_ROWS=64"``: each a number the pass decides by
     (``fp8_fusion_pass.<module>.<NAME>``, upper case, an int or float there already), set for the whole run, so a
     guard's alternative is timed without editing it. The pass's cache key reads them (``fusion_pass.thresholds``): a
     graph compiled under one value is never served under another. Returns ``{name: value}``; anything else exits."""
@@ -63,7 +63,7 @@ def set_thresholds(spec: str) -> dict:
         old = getattr(module, name, None)
         if module is None or not name.isupper() or isinstance(old, bool) or not isinstance(old, (int, float)):
             raise SystemExit(f"--set: {item!r} is not MODULE.NAME=VALUE for a number of fp8_fusion_pass "
-                             "(e.g. guards.GQA_MIN_PAIRS=1)")
+                             "(e.g. guards.GQA_MIN_BATCH_HEADS=1)")
         try:
             value = type(old)(text)
         except ValueError:

@@ -441,8 +441,8 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, wall-clock times: checks the script")
     p.add_argument("--json", metavar="PATH", help="also write every cell (the table's rows, as measured) to PATH")
     p.add_argument("--set", default="", metavar="MODULE.NAME=VALUE,...",
-                   help="a threshold of the pass for the whole run, e.g. guards.GQA_MIN_PAIRS=1 (fp8_fusion_pass's "
-                        "module and name; a number it has already)")
+                   help="a threshold of the pass for the whole run, e.g. guards.GQA_MIN_BATCH_HEADS=1 "
+                        "(fp8_fusion_pass's module and name; a number it has already)")
     p.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
                    help="Inductor options for every compile, with and without the pass (e.g. combo_kernels=True)")
     p.add_argument("--interleave", type=int, default=0, metavar="R",

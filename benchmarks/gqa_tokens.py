@@ -12,13 +12,16 @@ SDPA kernel op the dispatcher chose for the copy's shapes, forced for both with 
 over rotating input copies (beyond L2, as each layer's own cache is), outputs checked against each other, and each
 against the attention in fp32 (which rounds nearer: at one token and batch 1 the two differ by ~2e-3 on cuDNN).
 
-Shapes: head dim 128, 8 kv heads; G = 4 (Llama-3.1-8B, Qwen3-8B) and 8 (Qwen3-32B); a ``--cache``-slot cache.
+Shapes: head dim 128, ``--kv-heads`` kv heads (8: the 8B and 32B models unsharded; fewer per GPU under tensor
+parallelism, and with them fewer (batch row, kv head) pairs, the programs cuDNN runs for the grouped form);
+G = 4 (Llama-3.1-8B, Qwen3-8B) and 8 (Qwen3-32B); a ``--cache``-slot cache.
 ``--dry-run``: the CPU, tiny sizes, wall-clock times (checks the script; its numbers mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -92,41 +95,43 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--tokens", default="1,2,4,8,16,32,64,128")
     p.add_argument("--groups", default="4,8", help="query heads per kv head")
+    p.add_argument("--kv-heads", default="8", help="kv heads per GPU (8 unsharded; e.g. 1,2,4,8)")
     p.add_argument("--cache", type=int, default=1024, help="slots in the static cache (all read: SDPA masks them)")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
     from torch.nn.attention import sdpa_kernel
 
     device = "cpu" if args.dry_run else "cuda"
-    hkv, d = (2, 16) if args.dry_run else (8, 128)
+    d = 16 if args.dry_run else 128
     length = min(args.cache, 64) if args.dry_run else args.cache
     rows = []
-    for g in (int(x) for x in args.groups.split(",")):
-        for b in (int(x) for x in args.batches.split(",")):
-            for s in (int(x) for x in args.tokens.split(",")):
-                if s > length:
-                    continue
-                per_copy = 2 * (b * hkv * length * d) * 2 + b * hkv * g * s * (d + length) * 2
-                copies = rotating_copies(per_copy, args.dry_run, most=16)
-                sets = [inputs(b, hkv, g, s, length, d, device, i) for i in range(copies)]
-                backend = chosen_backend(*sets[0])
-                with sdpa_kernel([backend]):
-                    want, got = copy_form(*sets[0]), grouped_form(*sets[0])
-                    err, ref = rel(got, want.float()), exact(*sets[0])
-                    err_copy, err_grouped = rel(want, ref), rel(got, ref)
-                    t_copy = time_graph(lambda i: copy_form(*sets[i]), copies, args.dry_run)
-                    t_grouped = time_graph(lambda i: grouped_form(*sets[i]), copies, args.dry_run)
-                rows.append((g, b, s, backend.name, t_copy, t_grouped, err, err_copy, err_grouped))
-                print(f"G={g} B={b} S={s} {backend.name}: copy {t_copy:.1f} us, grouped {t_grouped:.1f} us, "
-                      f"{t_copy / t_grouped:.2f}x, rel L2 {err:.1e} (vs fp32: copy {err_copy:.1e}, grouped "
-                      f"{err_grouped:.1e})", flush=True)
-    print(f"\ncache {length} slots, {hkv} kv heads, head dim {d}; us per attention (CUDA-graph median)")
-    print("| G | batch | tokens | SDPA kernel | KV copy + SDPA | grouped SDPA | speed-up | rel L2 | copy vs fp32 | "
-          "grouped vs fp32 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for g, b, s, name, tc, tg, err, ec, eg in rows:
-        print(f"| {g} | {b} | {s} | {name} | {tc:.1f} | {tg:.1f} | {tc / tg:.2f}x | {err:.1e} | {ec:.1e} | {eg:.1e} |")
-    bad = [r for r in rows if not r[6] < 2e-2]
+    sizes = (args.kv_heads, args.groups, args.batches, args.tokens)
+    cells = itertools.product(*(map(int, a.split(",")) for a in sizes))
+    for hkv, g, b, s in cells:
+        if s > length:
+            continue
+        per_copy = 2 * (b * hkv * length * d) * 2 + b * hkv * g * s * (d + length) * 2
+        copies = rotating_copies(per_copy, args.dry_run, most=16)
+        sets = [inputs(b, hkv, g, s, length, d, device, i) for i in range(copies)]
+        backend = chosen_backend(*sets[0])
+        with sdpa_kernel([backend]):
+            want, got = copy_form(*sets[0]), grouped_form(*sets[0])
+            err, ref = rel(got, want.float()), exact(*sets[0])
+            err_copy, err_grouped = rel(want, ref), rel(got, ref)
+            t_copy = time_graph(lambda i: copy_form(*sets[i]), copies, args.dry_run)
+            t_grouped = time_graph(lambda i: grouped_form(*sets[i]), copies, args.dry_run)
+        rows.append((hkv, g, b, s, backend.name, t_copy, t_grouped, err, err_copy, err_grouped))
+        print(f"Hkv={hkv} G={g} B={b} S={s} {backend.name}: copy {t_copy:.1f} us, grouped {t_grouped:.1f} us, "
+              f"{t_copy / t_grouped:.2f}x, rel L2 {err:.1e} (vs fp32: copy {err_copy:.1e}, grouped "
+              f"{err_grouped:.1e})", flush=True)
+    print(f"\ncache {length} slots, head dim {d}; us per attention (CUDA-graph median)")
+    print("| kv heads | G | batch | tokens | SDPA kernel | KV copy + SDPA | grouped SDPA | speed-up | rel L2 | "
+          "copy vs fp32 | grouped vs fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for hkv, g, b, s, name, tc, tg, err, ec, eg in rows:
+        print(f"| {hkv} | {g} | {b} | {s} | {name} | {tc:.1f} | {tg:.1f} | {tc / tg:.2f}x | {err:.1e} | {ec:.1e} | "
+              f"{eg:.1e} |")
+    bad = [r for r in rows if not r[7] < 2e-2]
     if bad:
         print(f"outputs differ (rel L2 >= 2e-2): {bad}")
         return 1

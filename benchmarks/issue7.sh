@@ -15,9 +15,9 @@
 #     OUT=$OUT bash benchmarks/issue7.sh verify  steps of several tokens (verifying draft tokens): gqa_tokens.py's
 #                                               attention by tokens (with each form against fp32), then Llama-3.1-8B
 #                                               HF and engine steps of 4 tokens at batch 8 and 32 (~380 s, H100)
-#     OUT=$OUT bash benchmarks/issue7.sh pairs   HF decode at batch 1, 4 query heads per kv head (Llama-3.1-8B,
-#                                               Qwen3-8B): the grouped SDPA (the pairs bound lowered by --set) against
-#                                               the copy (the pass minus gqa_attention), one run each (not yet run)
+#     OUT=$OUT bash benchmarks/issue7.sh gqa     HF decode at batch 1, 8 kv heads x 4 query heads each (Llama-3.1-8B,
+#                                               Qwen3-8B): the grouped SDPA (the pass) against the copy (the pass minus
+#                                               gqa_attention), 3 interleaved rounds (H100: ~240 s a model, fresh)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -53,10 +53,10 @@ case "${1:-}" in
     verify) python benchmarks/gqa_tokens.py --batches 1,8,32 > "$out/gqa_tokens.txt" && tail -52 "$out/gqa_tokens.txt" \
            && "${decode[@]}" --presets llama3.1-8b --forms hf,engine --batches 8,32 --tokens 4 \
                   --json "$out/verify_llama.json" ;;  # not decode_*.json: no target counts steps of 4 tokens
-    pairs) "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms hf --batches 1 --set guards.GQA_MIN_PAIRS=1 \
-               --also=-gqa_attention --json "$out/pairs_hf_b1.json" ;;  # not decode_*.json: not the pass as committed
+    gqa) "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms hf --batches 1 --also=-gqa_attention --interleave 3 \
+             --json "$out/gqa_hf_b1.json" ;;  # not decode_*.json: the targets table has part 4 / 6's cells
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|pairs|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

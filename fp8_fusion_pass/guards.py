@@ -282,19 +282,19 @@ def should_fuse_norm_rope(cache_writes_join: bool) -> Verdict:
     return OK
 
 
-# gqa_attention: the fewest (batch row, kv head) pairs at which the grouped SDPA is taken. cuDNN runs one program
-# per pair there, each streaming its L keys and values; with too few the GPU idles. H200, Qwen3-8B HF (8 kv heads,
-# 576 slots), attention kernels per layer from benchmarks/profile_step.py, grouped vs copy + per-head SDPA: 8 pairs
-# (batch 1) 16.3 vs 13.5 us (the step within 0.5%), 16 pairs 16.6 vs 19.3, 32 pairs 17.0 vs 41.5, 64 pairs 17.7
-# vs 53.9, 512 pairs 64.5 vs 348 (docs/benchmarks.md, "Grouped-query attention at decode").
-GQA_MIN_PAIRS = 16
-# gqa_attention: at this many query heads per kv head the copy (G times the cache) costs more than the idle GPU, so
-# the pairs bound above does not apply. H100, Qwen3-32B HF at batch 1 (G = 8, 8 kv heads: 8 pairs), the whole step
-# in one run: 13.519 ms with the grouped SDPA, 14.064 ms with the copy (15.526 without the pass); the attention alone
-# 26.3 vs 53.3 us at 1024 slots, each 2.2e-3 from fp32 attention (benchmarks/gqa_tokens.py, 2026-12-06); 2 layers'
-# logits 0.0666 from exact attention with it, 0.0719 with the copy (tests/patterns/test_pass_gpu.py). At G = 4 the
-# H200's profile above kept the copy (the H100's attention alone: 1.19x faster grouped; not changed on that).
-GQA_GROUPS_ALWAYS = 8
+# gqa_attention at one query token: the fewest batch rows x query heads (the heads the KV copy makes: B x Hkv x G)
+# at which the grouped SDPA is taken. cuDNN runs the grouped form as one program per (batch row, kv head) pair, each
+# streaming its L keys and values: about constant time until the GPU is full (H100, 1024 slots: 24.5-26.1 us from 1
+# to 8 pairs), while the copy + per-head SDPA grows with the heads it makes: 6.7 us at 1 kv head x G = 4, 7.3 at
+# 1 x 8, 14.8 at 2 x 4, 19.4 at 2 x 8, 21.2 at 4 x 4, then 31.1 at 4 x 8, 31.6 at 8 x 4, 52.7 at 8 x 8 (batch 1,
+# benchmarks/gqa_tokens.py --kv-heads 1,2,4,8 --batches 1 --tokens 1): the grouped form 0.27-0.86x up to 16
+# heads, 1.23-2.02x from 32. The whole step at 32 (batch 1, 8 kv heads, G = 4; H100, HF form, 3 interleaved rounds
+# of one run): Llama-3.1-8B 4.086 ms grouped vs 4.146 with the copy, Qwen3-8B 4.317 vs 4.396; at 64 (Qwen3-32B,
+# G = 8) 13.519 vs 14.064 (docs/benchmarks.md, "Fewer than 32 copied heads at one token keep the copy"). H200,
+# Qwen3-8B at 32: the attention kernels 16.3 vs 13.5 us per layer and the 2-layer step 0.4% faster grouped; from 64
+# up the kernels 1.2-5.4x faster ("Grouped-query attention at decode", where a whole-model comparison across two
+# runs had set the bound at 16 pairs = 64 heads).
+GQA_MIN_BATCH_HEADS = 32
 
 # gqa_attention: the most query tokens per head a step may have (a decode step has one; one verifying draft tokens
 # a few). Above one the mask is copied per group, B x Hq x S x L elements, against the 2 x B x Hq x L x D of the KV
@@ -306,18 +306,17 @@ GQA_MAX_QUERY_TOKENS = 128
 
 
 def should_read_cache_grouped(batch, kv_heads: int, groups: int, tokens: int | None = 1) -> Verdict:
-    """At one query token, fewer than ``GQA_GROUPS_ALWAYS`` query heads per kv head and a static batch, enough
-    (batch row, kv head) pairs that the grouped SDPA beats the KV copy; a symbolic batch is taken (at batch 1 the two
-    steps measured within 0.5%, at 2-64 the grouped attention kernels were 1.2-5.4x faster). With more tokens the
-    per-head SDPA slows (cuDNN, H100: 30.7 -> 48.5 us from 1 to 2 tokens at batch 1, 8 kv heads, G = 4, 1024 slots)
-    and the grouped one was 1.34-2.15x faster at batch 1, 2-128 tokens (``benchmarks/gqa_tokens.py``), its output
-    equal to the copy's, so there every batch is taken (``tokens`` None: a count marked dynamic, which Dynamo keeps
-    at 2 or more); with 8 query heads per kv head too (the copy is 8 caches: ``GQA_GROUPS_ALWAYS``)."""
-    few_pairs = isinstance(batch, int) and batch * kv_heads < GQA_MIN_PAIRS
-    if tokens == 1 and groups < GQA_GROUPS_ALWAYS and few_pairs:
-        return reject("kv_copy_faster", f"batch {batch} x {kv_heads} kv heads = {batch * kv_heads} programs, under "
-                      f"{GQA_MIN_PAIRS}, at one token and {groups} query heads per kv head: the grouped SDPA "
-                      "measured no faster than the copy (guards.GQA_MIN_PAIRS)")
+    """At one query token and a static batch, at least ``GQA_MIN_BATCH_HEADS`` batch rows x query heads (below, the
+    grouped SDPA's few programs lose to the copy); a symbolic batch is taken (from 32 heads the grouped form was the
+    faster, and a batch compiled once serves every size). With more tokens the per-head SDPA slows (cuDNN, H100:
+    30.7 -> 48.5 us from 1 to 2 tokens at batch 1, 8 kv heads, G = 4, 1024 slots) and the grouped one was 1.34-2.15x
+    faster at batch 1, 2-128 tokens (``benchmarks/gqa_tokens.py``), its output equal to the copy's, so there every
+    batch is taken (``tokens`` None: a count marked dynamic, which Dynamo keeps at 2 or more)."""
+    if tokens == 1 and isinstance(batch, int) and batch * kv_heads * groups < GQA_MIN_BATCH_HEADS:
+        heads = kv_heads * groups
+        return reject("kv_copy_faster", f"batch {batch} x {heads} query heads = {batch * heads} copied heads, under "
+                      f"{GQA_MIN_BATCH_HEADS}, at one token: the grouped SDPA's {batch * kv_heads} programs measured "
+                      "slower than the copy (guards.GQA_MIN_BATCH_HEADS)")
     return OK
 
 

@@ -104,7 +104,7 @@ def test_uuid_changes_with_a_threshold_set_at_run_time(monkeypatch):
     from fp8_fusion_pass.patterns import decode_attention
 
     base = FP8FusionPass().uuid()
-    monkeypatch.setattr(guards, "GQA_MIN_PAIRS", 1)
+    monkeypatch.setattr(guards, "GQA_MIN_BATCH_HEADS", 1)
     pairs = FP8FusionPass().uuid()
     monkeypatch.setattr(decode_attention, "MAX_ROWS", 64)
     assert len({base, pairs, FP8FusionPass().uuid()}) == 3

@@ -31,11 +31,10 @@ its mask copy would outgrow the KV copy); static head counts and head dim, where
 bounded token count may be symbolic (``kv_heads_dynamic``: ``dynamic=True`` makes them all symbolic); key and value
 each such a copy of a 4-D cache, made for this attention alone, with the same G (``kv_copy_shared``); no causal
 flag, no dropout, a mask per batch row / head / query token / key only, nothing read from the op but its output
-(``attention_not_plain``); at a static batch, at least ``guards.GQA_MIN_PAIRS`` (batch row, kv head) pairs at one
-token and fewer than ``GQA_GROUPS_ALWAYS`` query heads per kv head (``kv_copy_faster``: cuDNN runs a program per
-pair, and at batch 1 with 8 kv heads and G = 4 the grouped SDPA measured no faster than the copy; with more tokens,
-or G = 8, it measured faster at every batch). An SDPA whose key is not a copy is no
-candidate (nothing reported): MHA models, the engine form, a mask-free call that already passed ``enable_gqa``.
+(``attention_not_plain``); at a static batch and one token, at least ``guards.GQA_MIN_BATCH_HEADS`` batch rows x
+query heads (``kv_copy_faster``: cuDNN runs a program per (batch row, kv head) pair, and with few pairs and a small
+copy the copy measured faster; with more tokens it measured slower at every batch). An SDPA whose key is not a copy
+is no candidate (nothing reported): MHA models, the engine form, a mask-free call that already passed ``enable_gqa``.
 """
 
 from __future__ import annotations

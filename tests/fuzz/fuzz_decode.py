@@ -231,9 +231,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     HF form (SDPA over ``repeat_kv`` copies)
     - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), at most ``GQA_MAX_QUERY_TOKENS`` tokens per
       step, static or marked with a ``max=`` (under ``dynamic=True``, or marked without one, a count above one is
-      symbolic and unbounded: rejected, unless duck sizing tied it to a static size), and at one token with G under
-      ``GQA_GROUPS_ALWAYS`` a batch x kv heads of at least ``GQA_MIN_PAIRS`` or a symbolic batch; the cache length
-      may be symbolic.
+      symbolic and unbounded: rejected, unless duck sizing tied it to a static size), and at one token a batch x
+      query heads of at least ``GQA_MIN_BATCH_HEADS`` or a symbolic batch; the cache length may be symbolic.
     """
     m, layers = spec.model, spec.model.layers
     d, bf16 = m.head_dim, m.dtype == "bf16"
@@ -261,9 +260,9 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
     if m.form == "hf":
         if spec.groups > 1 and "gqa_attention" not in off:
             candidates.add("gqa_attention")
-            pairs_ok = (symbolic_batch or spec.tokens > 1 or spec.groups >= guards.GQA_GROUPS_ALWAYS
-                        or spec.batch * m.kv_heads >= guards.GQA_MIN_PAIRS)
-            if spec.tokens <= guards.GQA_MAX_QUERY_TOKENS and pairs_ok and not unbounded_tokens:
+            heads_ok = (symbolic_batch or spec.tokens > 1
+                        or spec.batch * m.kv_heads * spec.groups >= guards.GQA_MIN_BATCH_HEADS)
+            if spec.tokens <= guards.GQA_MAX_QUERY_TOKENS and heads_ok and not unbounded_tokens:
                 if spec.tokens == 1 or spec.dynamic != "all":
                     out["gqa_attention"] = layers
                 else:  # symbolic (query_too_long) unless duck sizing made it a static size it equals

@@ -40,11 +40,11 @@ def _dry_run(tmp_path_factory, *args: str) -> tuple[dict, str, str]:
 def dry_run(tmp_path_factory):
     """Both forms, each timing path once: the engine form with ``--interleave 3`` and one more variant
     (``--also=-norm_rope``), the HF form one variant after the other (the timing path of ``issue7.sh 1``), with a
-    threshold set (``--set``: gqa_attention's pairs bound lowered, so batch 1's 2 pairs take it). The stdout of
+    threshold set (``--set``: gqa_attention's heads bound lowered, so batch 1's 8 copied heads take it). The stdout of
     both, then the engine run's stderr."""
     engine, engine_out, engine_err = _dry_run(tmp_path_factory, "--forms", "engine", "--interleave", "3",
                                               "--also=-norm_rope")
-    hf, hf_out, _ = _dry_run(tmp_path_factory, "--forms", "hf", "--set", "guards.GQA_MIN_PAIRS=1")
+    hf, hf_out, _ = _dry_run(tmp_path_factory, "--forms", "hf", "--set", "guards.GQA_MIN_BATCH_HEADS=1")
     # every cell the tables show: engine (block, block+pass, block+pass-norm_rope), HF (block, block+pass), each at
     # batch 1 and the prefill
     assert len(engine["rows"]) == 6 and len(hf["rows"]) == 4, (engine["rows"], hf["rows"])
@@ -88,15 +88,16 @@ def test_set_takes_a_number_of_the_pass_or_exits_with_the_reason(monkeypatch):
     from fp8_fusion_pass import guards
     from fp8_fusion_pass.patterns import decode_attention
 
-    monkeypatch.setattr(guards, "GQA_MIN_PAIRS", guards.GQA_MIN_PAIRS)  # restored after the test
+    monkeypatch.setattr(guards, "GQA_MIN_BATCH_HEADS", guards.GQA_MIN_BATCH_HEADS)  # restored after the test
     monkeypatch.setattr(decode_attention, "MAX_ROWS", decode_attention.MAX_ROWS)
-    got = decode.set_thresholds(" guards.GQA_MIN_PAIRS=1, patterns.decode_attention.MAX_ROWS = 64")
-    assert got == {"guards.GQA_MIN_PAIRS": 1, "patterns.decode_attention.MAX_ROWS": 64}
-    assert guards.GQA_MIN_PAIRS == 1 and decode_attention.MAX_ROWS == 64 and decode.set_thresholds("") == {}
+    got = decode.set_thresholds(" guards.GQA_MIN_BATCH_HEADS=1, patterns.decode_attention.MAX_ROWS = 64")
+    assert got == {"guards.GQA_MIN_BATCH_HEADS": 1, "patterns.decode_attention.MAX_ROWS": 64}
+    assert guards.GQA_MIN_BATCH_HEADS == 1 and decode_attention.MAX_ROWS == 64 and decode.set_thresholds("") == {}
     for spec, match in [("guards.GQA_MIN_PAIR=1", "not MODULE.NAME=VALUE"),  # misspelt
                         ("guards.ENV_DISABLE=x", "not MODULE.NAME=VALUE"),  # a string, not a number
-                        ("nosuch.MAX=1", "not MODULE.NAME=VALUE"), ("GQA_MIN_PAIRS=1", "not MODULE.NAME=VALUE"),
-                        ("guards.GQA_MIN_PAIRS", "not MODULE.NAME=VALUE"), ("guards.GQA_MIN_PAIRS=1.5", "is int")]:
+                        ("nosuch.MAX=1", "not MODULE.NAME=VALUE"), ("GQA_MIN_BATCH_HEADS=1", "not MODULE.NAME=VALUE"),
+                        ("guards.GQA_MIN_BATCH_HEADS", "not MODULE.NAME=VALUE"),
+                        ("guards.GQA_MIN_BATCH_HEADS=1.5", "is int")]:
         with pytest.raises(SystemExit, match=match):
             decode.set_thresholds(spec)
 

@@ -25,7 +25,7 @@ from fp8_fusion_pass.patterns import gqa_attention
 aten = torch.ops.aten
 ALONE = dataclasses.replace(FUSIONS_ONLY, gqa_attention=True)
 BF16 = torch.bfloat16
-BATCH = 8  # the tiny presets' 2 kv heads x 8 rows = guards.GQA_MIN_PAIRS: the smallest batch the rewrite takes
+BATCH = 8  # 8 rows x the tiny presets' 4 query heads = guards.GQA_MIN_BATCH_HEADS: the smallest batch taken
 
 
 def _kv_copies(gm) -> int:
@@ -93,8 +93,8 @@ def _inputs(variant="", b=BATCH, s=1, hkv=2, g=2, length=16, d=64, mask_rows=Non
     ("", {}), ("per_head_mask", {}), ("no_mask", {}),
     ("", {"s": 4}), ("per_head_mask", {"s": 3}),  # a step verifying draft tokens: a mask row per token
     ("", {"s": 4, "mask_rows": 1}),  # one mask row for every token (broadcast)
-    ("", {"b": 2, "s": 2}),  # 2 x 2 pairs, too few at one token (kv_copy_faster): with more, measured faster
-    ("", {"b": 1, "g": 8}),  # 1 x 2 pairs, but 8 query heads per kv head: the copy is 8 caches (GQA_GROUPS_ALWAYS)
+    ("", {"b": 2, "s": 2}),  # 2 x 4 heads, too few at one token (kv_copy_faster): with more, measured faster
+    ("", {"b": 2, "g": 8}),  # 2 rows x 16 query heads = 32 copied heads (GQA_MIN_BATCH_HEADS)
     ("", {"s": guards.GQA_MAX_QUERY_TOKENS, "length": 32}),  # the most tokens taken
 ])  # fmt: skip
 def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant, sizes):
@@ -118,8 +118,9 @@ def test_a_hand_written_decode_attention_is_taken_and_matches_eager(variant, siz
     ("causal", {}, "attention_not_plain", "is_causal=True"),  # a causal query 0 sees key 0 only; row g would see g
     ("k_read_too", {}, "kv_copy_shared", "also feeds"),  # the copy stays for its other reader: nothing saved
     ("v_not_copied", {}, "kv_copy_shared", "not both"),
-    ("", {"b": 2}, "kv_copy_faster", "4 programs"),  # 2 x 2 pairs: too few programs for the grouped SDPA
-    ("", {"b": 2, "g": 4}, "kv_copy_faster", "4 query heads per kv head"),  # G = 4, under GQA_GROUPS_ALWAYS
+    ("", {"b": 2}, "kv_copy_faster", "= 8 copied heads"),  # 2 x 2 pairs: too few programs for the grouped SDPA
+    ("", {"b": 2, "g": 4}, "kv_copy_faster", "= 16 copied heads"),  # a larger copy, still under 32
+    ("", {"b": 1, "g": 8}, "kv_copy_faster", "2 programs"),  # G = 8 at 2 pairs: 0.79x measured (H100)
     ("", {"length": 1}, "single_key", "one key per head"),  # a first token without a cache (failed on the H200)
 ])  # fmt: skip
 def test_guards_keep_the_copy(variant, inputs, reason, why):
@@ -264,13 +265,15 @@ def test_exact_sdpa_is_fp32_attention_and_reaches_an_hf_model():
     assert not torch.equal(exact, plain) and rel_l2(exact, plain) < 0.05  # reached, and the same attention
 
 
-def test_the_min_pairs_guard_reads_batch_times_kv_heads():
-    assert not guards.should_read_cache_grouped(1, 8, 4).ok and guards.should_read_cache_grouped(2, 8, 4).ok
+def test_the_heads_guard_reads_batch_times_query_heads():
+    # batch, kv heads, G: 32 copied heads and up are taken, at any split between them (H100, gqa_tokens.py)
+    assert guards.should_read_cache_grouped(1, 8, 4).ok and guards.should_read_cache_grouped(1, 4, 8).ok
+    assert guards.should_read_cache_grouped(4, 2, 4).ok and guards.should_read_cache_grouped(2, 8, 4).ok
+    assert not guards.should_read_cache_grouped(1, 4, 4).ok and not guards.should_read_cache_grouped(1, 2, 8).ok
+    assert not guards.should_read_cache_grouped(1, 1, 8).ok and not guards.should_read_cache_grouped(1, 7, 4).ok
     assert guards.should_read_cache_grouped(torch.SymInt, 1, 4).ok  # not an int: symbolic, taken
-    assert guards.should_read_cache_grouped(1, 8, 4, tokens=2).ok  # several tokens: measured faster at any batch
-    assert guards.should_read_cache_grouped(1, 8, 4, tokens=None).ok  # a marked count: 2 or more
-    assert not guards.should_read_cache_grouped(1, 8, 7).ok  # G = 7, under GQA_GROUPS_ALWAYS: the pairs count
-    assert guards.should_read_cache_grouped(1, 8, 8).ok  # 8 query heads per kv head: the copy is 8 caches
+    assert guards.should_read_cache_grouped(1, 1, 4, tokens=2).ok  # several tokens: measured faster at any batch
+    assert guards.should_read_cache_grouped(1, 1, 4, tokens=None).ok  # a marked count: 2 or more
 
 
 class _NoCopy(torch.nn.Module):
@@ -301,9 +304,10 @@ def test_the_token_bound_benchmark_checks_both_forms_agree(capsys):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     import gqa_tokens
 
-    assert gqa_tokens.main(["--dry-run", "--batches", "1,2", "--tokens", "1,3", "--groups", "4"]) == 0
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4 |")]
-    assert len(table) == 4, table  # (G, batch, tokens) = (4, 1 | 2, 1 | 3)
+    argv = ["--dry-run", "--batches", "1,2", "--tokens", "1,3", "--groups", "4", "--kv-heads", "1,2"]
+    assert gqa_tokens.main(argv) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| 1 | 4 |", "| 2 | 4 |"))]
+    assert len(table) == 8, table  # (kv heads, G, batch, tokens) = (1 | 2, 4, 1 | 2, 1 | 3)
     q, k, v, mask = gqa_tokens.inputs(2, 2, 4, 3, 8, 16, "cpu", 0)
     assert rel_l2(gqa_tokens.grouped_form(q, k, v, mask), gqa_tokens.copy_form(q, k, v, mask)) < 1e-2
     assert rel_l2(gqa_tokens.copy_form(q, k, v, mask), gqa_tokens.exact(q, k, v, mask)) < 1e-2  # bf16 vs fp32
