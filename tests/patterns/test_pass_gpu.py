@@ -161,12 +161,13 @@ def test_hf_decode_attention_reads_the_static_cache_without_a_copy(batch, tokens
 
 
 def test_hf_decode_at_8_query_heads_per_kv_head_reads_the_cache_grouped_at_batch_1():
-    # Qwen3-32B's heads (64 q, 8 kv: G = 8), 2 layers, batch 1, one token: 8 (batch row, kv head) pairs. Held to the model run eagerly with exact (fp32) attention, as the
-    # engine's attention rewrites are: against plain eager, whose per-head cuDNN kernel the copy form runs to the bit,
-    # the grouped form was 0.0708 off against the copy's 0.0039 (H100; H200 0.0700), though each kernel is 2.2e-3
-    # from fp32 attention (benchmarks/gqa_tokens.py, H100): the o_proj's fp8 quant turns any such change of the
-    # attention output into whole fp8 steps. H100, 2026-12-06: 0.0666 with the rewrite, 0.0719 without, plain eager
-    # 0.0721 from exact attention.
+    # Qwen3-32B's heads (64 q, 8 kv: G = 8), 2 layers, batch 1, one token: 8 (batch row, kv head) pairs. Held to the
+    # model run eagerly with exact (fp32) attention, as the engine's attention rewrites are: against plain eager,
+    # whose per-head cuDNN kernel the copy form runs to the bit, the grouped form was 0.0708 off against the copy's
+    # 0.0039 (H100; H200 0.0700), though each kernel is 2.2e-3 from fp32 attention (benchmarks/gqa_tokens.py,
+    # H100): the o_proj's fp8 quant turns any such change of the attention output into whole fp8 steps. H100,
+    # 2026-12-06: 0.0666 with the rewrite, 0.0719 without, plain eager 0.0721 from exact attention; the next session
+    # 0.0710 / 0.0701 / 0.0702 (as close as the copy, not closer).
     model = build_model("qwen3-32b", form="hf", layers=2, device="cuda")
     step = _hf_step(model, 1)
     plain = step(model)
