@@ -74,8 +74,8 @@ REASONS = {
                            "rope_attention: with q / k norms, above 256 batch rows x kv heads",
     "single_key": "gqa_attention: a cache of one key (a first token without a cache): its copy is one row per "
                   "head, and SDPA's memory-efficient kernel rejects the grouped mask Inductor lays out for it",
-    "kv_copy_faster": "gqa_attention: batch x kv heads too small to fill the GPU with the grouped SDPA, under 8 query "
-                      "heads per kv head; the copy + per-head SDPA measured as fast (H200)",
+    "kv_copy_faster": "gqa_attention at one token: batch x query heads under guards.GQA_MIN_BATCH_HEADS; the grouped "
+                      "SDPA's few programs measured slower than the copy + per-head SDPA (H100)",
     # runtime gates
     "disabled_by_config": "the fusion is switched off in FusionConfig",
     "disabled_by_env": f"the fusion is listed in the environment variable {ENV_DISABLE}",
