@@ -147,7 +147,7 @@ def test_verify_hf_form_within_contract():
 
 @pytest.mark.parametrize("form, preset, batch, taken", [
     ("engine", "llama-tiny", 3, {"decode_attention": 2, "rope_cache": 2, "rope_attention": 2, "qk_rope": 2}),
-    ("hf", "qwen3-tiny", 8, {"gqa_attention": 2, "rope_cache": 2, "norm_rope": 2}),  # 8 rows x 2 kv heads: 16 pairs
+    ("hf", "qwen3-tiny", 8, {"gqa_attention": 2, "rope_cache": 2, "norm_rope": 2}),  # 8 x 4 heads: 32
 ])  # fmt: skip
 def test_diff_of_a_decode_step_shows_the_decode_rewrites(form, preset, batch, taken):
     # Without --cache a forward is a prefill (SDPA): the decode-time rewrites had no candidate to show

@@ -148,8 +148,8 @@ def test_hf_decode_attention_reads_the_static_cache_without_a_copy(batch, tokens
     # per kv head at batch 1: the next test.)
     model = build_model("qwen3-8b", form="hf", layers=2, device="cuda")
     step = _hf_step(model, batch, tokens)
-    # below guards.GQA_MIN_PAIRS (batch row, kv head) pairs the copy stays, by measurement (8 pairs, batch 1: taken)
-    declined = "kv_copy_faster" if tokens == 1 and batch * 8 < guards.GQA_MIN_PAIRS else None
+    # below guards.GQA_MIN_BATCH_HEADS batch rows x query heads the copy stays, by measurement (batch 1: 32, taken)
+    declined = "kv_copy_faster" if tokens == 1 and batch * 32 < guards.GQA_MIN_BATCH_HEADS else None
     # at batch 1 cuDNN runs the grouped rows on another kernel than eager's per-head one (H200 profile: sm90 wgmma
     # against sm80 wmma), which the o_proj's fp8 quant turns into whole fp8 steps (the next test): held to exact
     # attention there, as the next test is
