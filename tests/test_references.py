@@ -42,18 +42,38 @@ def _is_module(name: str) -> bool:
     return True
 
 
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` of a chain of attribute loads on a name, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+        head = _dotted(node.value)
+        return head and f"{head}.{node.attr}"
+    return None
+
+
+def _has(module_name: str, attr: str) -> bool:
+    return hasattr(importlib.import_module(module_name), attr) or _is_module(f"{module_name}.{attr}")
+
+
 def missing_names(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
-    """``alias.attr`` loads in the file whose module has no such attribute (nor submodule)."""
+    """Names the file reads from the package that it lacks: ``alias.attr`` (alias bound to a package module),
+    ``fp8_fusion_pass.mod.attr`` spelt out, and ``from fp8_fusion_pass.mod import attr`` (in a function too, where
+    an import runs only when the test does)."""
     tree = ast.parse(path.read_text(), str(path))
     aliases = package_aliases(tree)
     missing = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
-                and isinstance(node.value, ast.Name) and node.value.id in aliases):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("fp8_fusion_pass"):
+            absent = [a.name for a in node.names if a.name != "*" and not _has(node.module, a.name)]
+            missing += [f"{path.relative_to(root)}:{node.lineno}: {node.module}.{name}" for name in absent]
             continue
-        module = importlib.import_module(aliases[node.value.id])
-        if not hasattr(module, node.attr) and not _is_module(f"{module.__name__}.{node.attr}"):
-            missing.append(f"{path.relative_to(root)}:{node.lineno}: {node.value.id}.{node.attr}")
+        if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+            continue
+        head = _dotted(node.value)
+        module = aliases.get(head) or (head if head and head.startswith("fp8_fusion_pass") else None)
+        if module and _is_module(module) and not _has(module, node.attr):
+            missing.append(f"{path.relative_to(root)}:{node.lineno}: {head}.{node.attr}")
     return missing
 
 
@@ -68,3 +88,7 @@ def test_a_stale_name_is_found(tmp_path):
     stale.write_text("from fp8_fusion_pass import guards\n\n\ndef f(batch):\n"
                      "    return batch * 8 < guards.GQA_MIN_PAIRS\n")
     assert missing_names(stale, tmp_path) == ["stale.py:5: guards.GQA_MIN_PAIRS"]
+    stale.write_text("import fp8_fusion_pass\n\n\ndef f():\n    from fp8_fusion_pass.guards import GQA_GROUPS_ALWAYS\n"
+                     "    return fp8_fusion_pass.guards.GQA_MIN_PAIRS, fp8_fusion_pass.guards.GQA_MIN_BATCH_HEADS\n")
+    assert missing_names(stale, tmp_path) == ["stale.py:5: fp8_fusion_pass.guards.GQA_GROUPS_ALWAYS",
+                                              "stale.py:6: fp8_fusion_pass.guards.GQA_MIN_PAIRS"]
