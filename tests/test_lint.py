@@ -1,0 +1,33 @@
+"""Pyflakes' checks (``ruff check --select F``: undefined names, unused imports, ...) over the whole tree.
+
+The GPU tests and the benchmarks run only on the device machine; a name they lack (a helper renamed, an import
+dropped) would fail there first, after the CPU suite passed. ``test_references.py`` checks the names read from the
+package's modules; this checks every other name.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TREE = ["fp8_fusion_pass", "tests", "benchmarks", "examples"]
+
+
+def pyflakes(*paths: str | pathlib.Path, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F", "--no-cache", *map(str, paths)],
+                          cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_the_tree_has_no_pyflakes_finding():
+    got = pyflakes(*TREE)
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_an_undefined_name_in_gpu_only_code_is_found(tmp_path):
+    # the check can fail: a GPU test's body reading a helper that no longer exists
+    (tmp_path / "test_gpu_only.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_x():\n"
+                                               "    assert _engine_step_8b() is not None\n")
+    got = pyflakes("test_gpu_only.py", cwd=tmp_path)
+    assert got.returncode == 1 and "F821" in got.stdout, got.stdout + got.stderr
