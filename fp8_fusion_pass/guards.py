@@ -307,11 +307,12 @@ GQA_MAX_QUERY_TOKENS = 128
 
 def should_read_cache_grouped(batch, kv_heads: int, groups: int, tokens: int | None = 1) -> Verdict:
     """At one query token and a static batch, at least ``GQA_MIN_BATCH_HEADS`` batch rows x query heads (below, the
-    grouped SDPA's few programs lose to the copy); a symbolic batch is taken (from 32 heads the grouped form was the
-    faster, and a batch compiled once serves every size). With more tokens the per-head SDPA slows (cuDNN, H100:
-    30.7 -> 48.5 us from 1 to 2 tokens at batch 1, 8 kv heads, G = 4, 1024 slots) and the grouped one was 1.34-2.15x
-    faster at batch 1, 2-128 tokens (``benchmarks/gqa_tokens.py``), its output equal to the copy's, so there every
-    batch is taken (``tokens`` None: a count marked dynamic, which Dynamo keeps at 2 or more)."""
+    grouped SDPA's few programs lose to the copy); a symbolic batch is taken (one graph serves every size, and the
+    copy's cost grows with it; Dynamo compiles batch 1, the size that loses most, apart and static). With more
+    tokens the per-head SDPA slows (cuDNN, H100: 30.7 -> 48.5 us from 1 to 2 tokens at batch 1, 8 kv heads, G = 4,
+    1024 slots) and the grouped one was 1.34-2.15x faster at batch 1, 2-128 tokens (``benchmarks/gqa_tokens.py``),
+    its output equal to the copy's, so there every batch is taken (``tokens`` None: a count marked dynamic, which
+    Dynamo keeps at 2 or more)."""
     if tokens == 1 and isinstance(batch, int) and batch * kv_heads * groups < GQA_MIN_BATCH_HEADS:
         heads = kv_heads * groups
         return reject("kv_copy_faster", f"batch {batch} x {heads} query heads = {batch * heads} copied heads, under "
