@@ -2,14 +2,16 @@
 
 The GPU tests and the benchmarks run only on the device machine, a few times a session, so a name renamed in the
 package (a guard's bound, a kernel's table) but left in one of them would fail there first, after the CPU suite
-passed (``guards.GQA_MIN_PAIRS`` in a GPU test's parametrization body, 2026-12-06, caught by hand). This reads each
-file's imports of ``fp8_fusion_pass`` modules and checks every attribute it loads from them on the CPU.
+passed (``guards.GQA_MIN_PAIRS`` in a GPU test's body, 2026-12-06, caught by hand). This reads each file's imports
+of ``fp8_fusion_pass`` modules and checks every attribute it loads from them on the CPU; and every call of a
+function the file defines at module level (the GPU tests' helpers) against that function's parameters.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import pathlib
 
 import pytest
@@ -77,9 +79,56 @@ def missing_names(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
     return missing
 
 
+def _signature(fn: ast.FunctionDef) -> inspect.Signature:
+    """The parameters of a ``def`` as written (defaults stand in as None: only their presence matters here)."""
+    a, kind = fn.args, inspect.Parameter
+    params = [kind(x.arg, kind.POSITIONAL_ONLY) for x in a.posonlyargs]
+    params += [kind(x.arg, kind.POSITIONAL_OR_KEYWORD) for x in a.args]
+    params += [kind(a.vararg.arg, kind.VAR_POSITIONAL)] if a.vararg else []
+    params += [kind(x.arg, kind.KEYWORD_ONLY) for x in a.kwonlyargs]
+    params += [kind(a.kwarg.arg, kind.VAR_KEYWORD)] if a.kwarg else []
+    positional = a.posonlyargs + a.args
+    first_default = len(positional) - len(a.defaults)
+    params = [p.replace(default=None) if (i >= first_default and i < len(positional))
+              or (p.kind is kind.KEYWORD_ONLY and a.kw_defaults[i - len(positional) - bool(a.vararg)] is not None)
+              else p for i, p in enumerate(params)]
+    return inspect.Signature(params)
+
+
+def bad_calls(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
+    """Calls of a function the file defines once at module level, undecorated, by its bare name, whose arguments
+    that definition does not take (a keyword renamed, a parameter added without a default). Calls that spread
+    ``*args`` / ``**kwargs`` are not checked."""
+    tree = ast.parse(path.read_text(), str(path))
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    names = [d.name for d in defs]
+    rebound = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+               for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+    nested = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)} - set(names)
+    # a decorator may change what the name takes (hypothesis' composite drops ``draw``; a fixture is never called)
+    known = {d.name: _signature(d) for d in defs
+             if names.count(d.name) == 1 and d.name not in rebound | nested and not d.decorator_list}
+    bad = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in known):
+            continue
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            continue
+        try:
+            known[node.func.id].bind(*node.args, **{k.arg: k.value for k in node.keywords})
+        except TypeError as e:
+            bad.append(f"{path.relative_to(root)}:{node.lineno}: {node.func.id}(): {e}")
+    return bad
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_name_read_from_the_package_exists(path):
     assert not missing_names(path)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_call_of_a_module_function_fits_its_parameters(path):
+    assert not bad_calls(path)
 
 
 def test_a_stale_name_is_found(tmp_path):
@@ -92,3 +141,13 @@ def test_a_stale_name_is_found(tmp_path):
                      "    return fp8_fusion_pass.guards.GQA_MIN_PAIRS, fp8_fusion_pass.guards.GQA_MIN_BATCH_HEADS\n")
     assert missing_names(stale, tmp_path) == ["stale.py:5: fp8_fusion_pass.guards.GQA_GROUPS_ALWAYS",
                                               "stale.py:6: fp8_fusion_pass.guards.GQA_MIN_PAIRS"]
+
+
+def test_a_call_with_a_renamed_keyword_is_found(tmp_path):
+    # the check can fail: a GPU test calling its helper with a keyword the helper no longer takes
+    stale = tmp_path / "stale.py"
+    stale.write_text("def helper(model, step, batch, *, eager=None):\n    return model\n\n\n"
+                     "def test_x():\n    helper(1, 2, 3, eager=4)\n    helper(1, 2, batch=3, reference=4)\n"
+                     "    helper(1, 2)\n")
+    got = bad_calls(stale, tmp_path)
+    assert [g.split(":")[1] for g in got] == ["7", "8"], got
