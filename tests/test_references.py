@@ -96,9 +96,10 @@ def _signature(fn: ast.FunctionDef) -> inspect.Signature:
 
 
 def bad_calls(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
-    """Calls of a function the file defines once at module level, undecorated, by its bare name, whose arguments
-    that definition does not take (a keyword renamed, a parameter added without a default). Calls that spread
-    ``*args`` / ``**kwargs`` are not checked."""
+    """Calls whose arguments the callee does not take (a keyword renamed, a parameter added without a default): of a
+    function the file defines once at module level, undecorated, by its bare name; of a plain function of a package
+    module, imported by name or read from the module's alias. Calls that spread ``*args`` / ``**kwargs`` are not
+    checked."""
     tree = ast.parse(path.read_text(), str(path))
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
     names = [d.name for d in defs]
@@ -108,17 +109,46 @@ def bad_calls(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
     # a decorator may change what the name takes (hypothesis' composite drops ``draw``; a fixture is never called)
     known = {d.name: _signature(d) for d in defs
              if names.count(d.name) == 1 and d.name not in rebound | nested and not d.decorator_list}
+    known.update((k, v) for k, v in package_functions(tree).items() if k not in rebound | nested | set(names))
+    aliases = package_aliases(tree)
     bad = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in known):
+        if not isinstance(node, ast.Call):
             continue
-        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+        name = _dotted(node.func)
+        if name in known:
+            sig = known[name]
+        elif isinstance(node.func, ast.Attribute) and _dotted(node.func.value) in aliases:
+            sig = _package_signature(aliases[_dotted(node.func.value)], node.func.attr)
+        else:
+            continue
+        spread = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
+        if sig is None or spread:
             continue
         try:
-            known[node.func.id].bind(*node.args, **{k.arg: k.value for k in node.keywords})
+            sig.bind(*node.args, **{k.arg: k.value for k in node.keywords})
         except TypeError as e:
-            bad.append(f"{path.relative_to(root)}:{node.lineno}: {node.func.id}(): {e}")
+            bad.append(f"{path.relative_to(root)}:{node.lineno}: {name}(): {e}")
     return bad
+
+
+def _package_signature(module: str, attr: str) -> inspect.Signature | None:
+    """A plain Python function's signature in a package module, else None (classes, torch ops, builtins)."""
+    obj = getattr(importlib.import_module(module), attr, None)
+    return inspect.signature(obj) if inspect.isfunction(obj) else None
+
+
+def package_functions(tree: ast.Module) -> dict[str, inspect.Signature]:
+    """Functions the file imports by name from a package module (``from fp8_fusion_pass.models import
+    build_model``), by their local name."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("fp8_fusion_pass"):
+            for a in node.names:
+                sig = _package_signature(node.module, a.name) if a.name != "*" else None
+                if sig is not None:
+                    out[a.asname or a.name] = sig
+    return out
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -151,3 +181,9 @@ def test_a_call_with_a_renamed_keyword_is_found(tmp_path):
                      "    helper(1, 2)\n")
     got = bad_calls(stale, tmp_path)
     assert [g.split(":")[1] for g in got] == ["7", "8"], got
+    # and a package function, imported by name or read from its module
+    stale.write_text("from fp8_fusion_pass import guards\n"
+                     "from fp8_fusion_pass.models import build_model\n\n\ndef test_x():\n"
+                     "    build_model('qwen3-8b', n_layers=2)\n    guards.should_read_cache_grouped(1, 8)\n")
+    got = bad_calls(stale, tmp_path)
+    assert [g.split(": ")[1] for g in got] == ["build_model()", "guards.should_read_cache_grouped()"], got
