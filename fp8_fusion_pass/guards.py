@@ -288,12 +288,13 @@ def should_fuse_norm_rope(cache_writes_join: bool) -> Verdict:
 # to 8 pairs), while the copy + per-head SDPA grows with the heads it makes: 6.7 us at 1 kv head x G = 4, 7.3 at
 # 1 x 8, 14.8 at 2 x 4, 19.4 at 2 x 8, 21.2 at 4 x 4, then 31.1 at 4 x 8, 31.6 at 8 x 4, 52.7 at 8 x 8 (batch 1,
 # benchmarks/gqa_tokens.py --kv-heads 1,2,4,8 --batches 1 --tokens 1): the grouped form 0.27-0.86x up to 16
-# heads, 1.23-2.02x from 32. The whole step at 32 (batch 1, 8 kv heads, G = 4; H100, HF form, 3 interleaved rounds
-# of one run): Llama-3.1-8B 4.086 ms grouped vs 4.146 with the copy, Qwen3-8B 4.317 vs 4.396; at 64 (Qwen3-32B,
-# G = 8) 13.519 vs 14.064 (docs/benchmarks.md, "Fewer than 32 copied heads at one token keep the copy"). H200,
-# Qwen3-8B at 32: the attention kernels 16.3 vs 13.5 us per layer and the 2-layer step 0.4% faster grouped; from 64
-# up the kernels 1.2-5.4x faster ("Grouped-query attention at decode", where a whole-model comparison across two
-# runs had set the bound at 16 pairs = 64 heads).
+# heads, 1.23-2.02x from 32. Both costs grow with the slots, so the bound holds across cache lengths (8 kv heads,
+# G = 4, batch 1: 1.22x at 576 slots, 1.18x at 2048). The whole step at 32 (batch 1, 8 kv heads, G = 4; H100, HF
+# form, 3 interleaved rounds of one run): Llama-3.1-8B 4.086 ms grouped vs 4.146 with the copy, Qwen3-8B 4.317 vs
+# 4.396; at 64 (Qwen3-32B, G = 8) 13.519 vs 14.064 (docs/benchmarks.md, "Fewer than 32 copied heads at one token
+# keep the copy"). H200, Qwen3-8B at 32: the attention kernels 16.3 vs 13.5 us per layer and the 2-layer step 0.4%
+# faster grouped; from 64 up the kernels 1.2-5.4x faster ("Grouped-query attention at decode", where a whole-model
+# comparison across two runs had set the bound at 16 pairs = 64 heads).
 GQA_MIN_BATCH_HEADS = 32
 
 # gqa_attention: the most query tokens per head a step may have (a decode step has one; one verifying draft tokens
