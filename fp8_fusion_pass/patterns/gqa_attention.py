@@ -16,8 +16,8 @@ engine form, which never copies, spends a few percent. The G query heads that sh
 query rows, G x S of them for S tokens (one at decode; a few where a step verifies draft tokens): the same dot
 products over the same keys, the same softmax and sums per row, batched differently. Each row keeps its own mask
 row, so at S > 1 the mask is laid out per group, a [B, Hkv, G * S, L] copy (at S = 1 a view) that grows with S while
-the KV copy it saves does not: ``guards.GQA_MAX_QUERY_TOKENS`` bounds S where the copy was measured cheaper
-(``benchmarks/gqa_tokens.py``). The kernel may block those rows differently from G separate heads, so the result is
+the KV copy it saves does not: ``guards.GQA_MAX_QUERY_TOKENS`` bounds S at what was measured (the grouped form
+faster up to 128 tokens, less so as S grew: ``benchmarks/gqa_tokens.py``). The kernel may block those rows differently from G separate heads, so the result is
 not promised bit for bit (off in deterministic mode).
 
 Every SDPA kernel op Inductor's post-grad graph can hold is taken (CPU flash, CUDA efficient / cuDNN / flash, the
