@@ -17,8 +17,8 @@ query rows, G x S of them for S tokens (one at decode; a few where a step verifi
 products over the same keys, the same softmax and sums per row, batched differently. Each row keeps its own mask
 row, so at S > 1 the mask is laid out per group, a [B, Hkv, G * S, L] copy (at S = 1 a view) that grows with S while
 the KV copy it saves does not: ``guards.GQA_MAX_QUERY_TOKENS`` bounds S at what was measured (the grouped form
-faster up to 128 tokens, less so as S grew: ``benchmarks/gqa_tokens.py``). The kernel may block those rows differently from G separate heads, so the result is
-not promised bit for bit (off in deterministic mode).
+faster up to 128 tokens, less so as S grew: ``benchmarks/gqa_tokens.py``). The kernel may block those rows
+differently from G separate heads, so the result is not promised bit for bit (off in deterministic mode).
 
 Every SDPA kernel op Inductor's post-grad graph can hold is taken (CPU flash, CUDA efficient / cuDNN / flash, the
 overrideable one), each by its own argument names; the op stays the one the dispatcher chose. On the H200 that is
