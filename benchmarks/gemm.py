@@ -17,8 +17,9 @@ bf16 ``torch.mm``, cuBLAS block-wise (``torch._scaled_mm`` with its layout work)
 Triton small-M GEMM (its default config, and the best of the sweep in ``_gemm_sweep.py``), and the roofline: the
 minimum bytes (fp8 weight + scales + fp8 activation + scales + bf16 output) over the copy bandwidth measured in
 the same run, and the read floor: a plain streaming read of those bytes timed in the same run (``_read_floor.py``),
-what any kernel that must read them pays here for its ramp and tail. At M <= 64 also the activation quant: ``group_quant`` + the best small-M GEMM against the small-M
-GEMM quantizing its bf16 input itself (``small_m_mm_bf16``), for the pass's small-M "worth it" table.
+what any kernel that must read them pays here for its ramp and tail. At M <= 64 also the activation quant:
+``group_quant`` + the best small-M GEMM against the small-M GEMM quantizing its bf16 input itself (``small_m_mm_bf16``),
+for the pass's small-M "worth it" table.
 
 Each point also re-times the committed ``TABLE`` row for its (M bucket, N, K) and prints it beside the run's best
 ("best/TABLE"): a sweep's winner is a TABLE change only against that, measured in the same run.

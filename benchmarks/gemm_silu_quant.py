@@ -10,9 +10,10 @@ For the merged gate_up shapes of Qwen3-8B, Llama-3.1-8B and Qwen3-32B (I x K) at
 - "unfused": ``blockscale_mm`` (its TABLE choice for the merged [2I, K] shape) then ``silu_mul_group_quant``,
   what the graph runs without ``gemm_silu_quant``;
 - "fused": ``small_m_mm_silu_quant`` over a sweep of configs (128, 64 or 32 output columns per program; warps,
-  stages, pointer or TMA tiles, and split-K at ~66-396 programs) and, at M <= 4, ``gemv_silu_quant`` (the GEMV with the same epilogue,
-  ``GEMV_FAMILIES``), each first checked against the reference (the dequantized outputs within ``CHECK_REL_ERR``)
-  and, with a split-K or group ticket, for bitwise repeatability (RACY otherwise): never chosen if it fails;
+  stages, pointer or TMA tiles, and split-K at ~66-396 programs) and, at M <= 4, ``gemv_silu_quant`` (the GEMV with the
+  same epilogue, ``GEMV_FAMILIES``), each first checked against the reference (the dequantized outputs within
+  ``CHECK_REL_ERR``) and, with a split-K or group ticket, for bitwise repeatability (RACY otherwise): never chosen if it
+  fails;
 - the roofline: weight + scale bytes, the activation, and the fp8 output with its scales, over the copy bandwidth.
 Timing as ``benchmarks/gemm.py``: CUDA-graph replays cycling weight copies beyond 3x the 50 MB L2, medians.
 A TABLE row names the best fused config where it beat the unfused pair by more than ``MARGIN``, else None.

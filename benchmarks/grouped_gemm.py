@@ -79,8 +79,8 @@ def run_point(name: str, ns: list[int], k: int, m: int, bw: float, a: arch.Arch)
         cfg = plan.config or GemvConfig()
         got = gemv_mm_grouped(q, xs, *parts[0], torch.bfloat16, cfg)
         want = torch.cat([gemv_mm(q, xs, w, s, torch.bfloat16, cfg) for w, s in zip(*parts[0])], -1)
-        out["grouped_gemv_us"] = (time_graph(lambda c: gemv_mm_grouped(q, xs, *parts[c], torch.bfloat16, cfg),
-                                             copies, DEVICE == "cpu") if torch.equal(got, want) else "WRONG")  # fmt: skip
+        grouped = lambda c: gemv_mm_grouped(q, xs, *parts[c], torch.bfloat16, cfg)
+        out["grouped_gemv_us"] = time_graph(grouped, copies, DEVICE == "cpu") if torch.equal(got, want) else "WRONG"
     return out
 
 

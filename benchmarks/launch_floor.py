@@ -7,10 +7,10 @@ can be: the floor under every small-M GEMM and decode-sized kernel in ``gemm.py`
 Rows: an empty kernel (1 and 132 programs), then a streaming read of N bytes (the sizes of the decode GEMMs'
 weights: the 4 MB k / v projection of Qwen3-8B up to Qwen3-32B's 262 MB gate_up) by 132 x k programs, each
 summing its slab with 16-byte loads and storing one value (every byte read: the last slab is masked); the best
-of k = 1, 2, 4, 8 programs per SM and two block sizes. Timing is ``_timing.time_graph`` (what every other benchmark uses: back-to-back calls in one CUDA
-graph, inputs rotating beyond 3x the 50 MB L2), so "read N bytes" is what a plain streaming read of those bytes
-from HBM costs here, a yardstick for kernels that must read them; the roofline of the other tables (bytes / copy
-bandwidth) has no ramp, and ``read / roofline`` says how far a plain read is from it.
+of k = 1, 2, 4, 8 programs per SM and two block sizes. Timing is ``_timing.time_graph`` (what every other benchmark
+uses: back-to-back calls in one CUDA graph, inputs rotating beyond 3x the 50 MB L2), so "read N bytes" is what a plain
+streaming read of those bytes from HBM costs here, a yardstick for kernels that must read them; the roofline of the
+other tables (bytes / copy bandwidth) has no ramp, and ``read / roofline`` says how far a plain read is from it.
 """
 
 from __future__ import annotations

@@ -135,7 +135,8 @@ def run(shapes, ms, bw: float, a: arch.Arch, dry_run: bool) -> list[dict]:
                              **{f"{v} us": t[v] for v in VARIANTS},
                              "pdl/off": _ratio(t["pdl"], t["off"]),
                              "no prefetch/off": _ratio(t["pdl, no prefetch"], t["off"]),
-                             "off/roofline": _ratio(t["off"], roof), "pdl/roofline": _ratio(t["pdl"], roof)})  # fmt: skip
+                             "off/roofline": _ratio(t["off"], roof),
+                             "pdl/roofline": _ratio(t["pdl"], roof)})  # fmt: skip
                 log(f"  M={m} {what}: " + ", ".join(f"{v} {t[v]:.2f} us" if isinstance(t[v], float) else f"{v} {t[v]}"
                                                     for v in VARIANTS))  # fmt: skip
             del point

@@ -104,8 +104,9 @@ class Case:
         pos = torch.arange(m, device=DEVICE)
         freqs = (100 + pos[:, None].float()) / (1e6 ** (torch.arange(0, D, 2, device=DEVICE).float() / D))
         emb = torch.cat([freqs, freqs], -1)[None]
-        self.inputs = [(torch.randn(1, m, width, device=DEVICE, dtype=torch.bfloat16) * 2,
-                        emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)) for _ in range(self.copies)]  # fmt: skip
+        cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+        self.inputs = [(torch.randn(1, m, width, device=DEVICE, dtype=torch.bfloat16) * 2, cos, sin)
+                       for _ in range(self.copies)]
         self.positions = pos[None]  # [1, S]
         if self.cache:
             self.k_cache, self.v_cache = (torch.zeros(1, hk, T, D, device=DEVICE, dtype=torch.bfloat16) for _ in "kv")
@@ -314,7 +315,8 @@ def report(rows: list[dict], out_dir: str, bw: float) -> None:
     big = [r for r in rows if r["M"] >= 2048]
     for title, sel, key, target in (("M >= 2048: fused / roofline", big, "fused_over_roofline", ROOFLINE_TARGET),
                                     ("M >= 2048: fused / read floor", big, "fused_over_read_floor", ROOFLINE_TARGET),
-                                    ("all M: fused / best peer", rows, "fused_over_best_peer", PEER_TARGET)):  # fmt: skip
+                                    ("all M: fused / best peer", rows, "fused_over_best_peer",
+                                     PEER_TARGET)):  # fmt: skip
         if sel:
             worst = max(sel, key=lambda r: r[key])
             print(f"{title}: worst {worst[key]:.2f}x at {worst['op']} ({worst['Hq']}, {worst['Hk']}) M={worst['M']} "
@@ -356,7 +358,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=480.0, help="start no new (op, heads) after this many s")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for rope_kernels.csv")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, tiny shapes (no real timing)")
-    p.add_argument("--replot", metavar="CSV", help="only draw the PNG of a rope_kernels.csv measured earlier, into --out")
+    p.add_argument("--replot", metavar="CSV",
+                   help="only draw the PNG of a rope_kernels.csv measured earlier, into --out")
     args = p.parse_args(argv)
     if args.replot:
         os.makedirs(args.out, exist_ok=True)

@@ -12,9 +12,7 @@ import importlib
 import os
 import sys
 import time
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported by the verbs, not here: `fp8-fusion --help` stays instant
     import torch

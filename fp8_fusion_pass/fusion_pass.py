@@ -5,8 +5,8 @@ collapse; the norm / silu fusions run as ``PatternMatcherPass`` entries anchored
 judged by the guards and recorded (applied or rejected, with a reason); every norm / silu / quant still in the
 graph then gets its "why not"; the whole-graph rewrites follow (leftover norms inlined, GEMMs of one activation
 grouped, gate/up GEMMs taking their silu-quant into their epilogue); the zero-fill rewrite runs last. One INFO
-line per compile on the ``fp8_fusion_pass`` logger. A guard or replacement that raises leaves its match unrewritten, warns once per
-kind of failure, and is recorded as an error: the compile itself never fails because of the pass.
+line per compile on the ``fp8_fusion_pass`` logger. A guard or replacement that raises leaves its match unrewritten,
+warns once per kind of failure, and is recorded as an error: the compile itself never fails because of the pass.
 
 Patterns are traced once per process, lazily (the first compile that runs the pass), under a lock; only the
 cheap ``PatternMatcherPass`` wiring is rebuilt per call, bound to that call's report and config.

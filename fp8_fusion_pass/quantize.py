@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from . import arch
-from .kernels import ops as _ops  # noqa: F401  (registers torch.ops.fp8_fusion.*)
 from .kernels import checks, reference
+from .kernels import ops as _ops  # noqa: F401  (registers torch.ops.fp8_fusion.*)
 
 BLOCK = (128, 128)
 # torch._scaled_mm (the per-tensor GEMM on CUDA) needs K and N multiples of 16.

@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 interpreter = pytest.importorskip("triton.runtime.interpreter")
 
-import _quick_interpreter
+import _quick_interpreter  # noqa: E402  (after the importorskips: it needs triton)
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
 

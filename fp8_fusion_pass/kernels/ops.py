@@ -178,7 +178,8 @@ def _(q, x_scale, w_q, w_scale, out_dtype):
 
 
 @custom_op(f"{NS}::rms_norm_group_quant", mutates_args=())
-def rms_norm_group_quant(x: Tensor, w: Tensor, eps: float, group_size: int = DEFAULT_GROUP_SIZE) -> tuple[Tensor, Tensor]:
+def rms_norm_group_quant(x: Tensor, w: Tensor, eps: float,
+                         group_size: int = DEFAULT_GROUP_SIZE) -> tuple[Tensor, Tensor]:
     _check_norm("rms_norm_group_quant", x, w)
     _check_quant("rms_norm_group_quant", x, group_size)
     return _kernel("rms_norm_group_quant", x)(x, w, eps, group_size)
@@ -513,7 +514,8 @@ def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale, 
 def _check_per_tensor(op, out, x, scale):
     checks.activation(op, "x", x)
     if out.shape != x.shape or out.dtype not in checks.FP8_DTYPES:
-        raise ValueError(f"{op}: out must be an fp8 tensor shaped like x {tuple(x.shape)}, got {tuple(out.shape)} {out.dtype}")
+        raise ValueError(f"{op}: out must be an fp8 tensor shaped like x {tuple(x.shape)}, "
+                         f"got {tuple(out.shape)} {out.dtype}")
     if scale.numel() != 1 or scale.dtype != torch.float32:
         raise ValueError(f"{op}: scale must be a one-element fp32 tensor, got {tuple(scale.shape)} {scale.dtype}")
     checks.same_device(op, out=out, x=x, scale=scale)

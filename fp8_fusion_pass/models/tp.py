@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import quantize as q
-from .engine import Attention, EngineForCausalLM, KVCache, MLP
+from .engine import MLP, Attention, EngineForCausalLM, KVCache
 
 BLOCK = q.BLOCK[0]  # 128: block-FP8 weight block (rows and columns) and activation quant group
 

@@ -113,4 +113,5 @@ def run(graph: Graph, report) -> None:
             verdict = guards.reject("consumer_not_blockscale_mm", "a reshape between the quant and its GEMM")
         else:
             verdict = _check(quant, gemms)
-        report.settle(NAME, quant.name, shapes, dtype, verdict, "the quant stays a launch", rewrite, graph, quant, gemms)
+        report.settle(NAME, quant.name, shapes, dtype, verdict, "the quant stays a launch", rewrite, graph, quant,
+                      gemms)

@@ -15,16 +15,17 @@ Why: after the other rewrites a decode layer's attention is two launches of ours
 into their slots and the attention that reads them back. Both are latency-bound at decode (1.5 us for the RoPE on
 the H200 at batch 8, ~6-10 us for the attention), so one launch saves the RoPE's launch and its round trip through
 HBM: the attention program whose keys hold the new slot computes k / v itself, stores them there and, after a
-barrier, reads them back in its key loop (``kernels/triton/decode_attention.py``). The RoPE steps are ``rms_norm_rope``'s, each
-product rounded as eager rounds it, so the caches get the pair's bits up to the order of the norm's sum of squares;
-the attention is ``decode_attention_upto``'s. Not promised bit-exact (Qwen3's norms sum their squares in another
-order; on a GPU the fused kernel is compiled apart from the two it replaces), so deterministic mode keeps it off.
+barrier, reads them back in its key loop (``kernels/triton/decode_attention.py``). The RoPE steps are
+``rms_norm_rope``'s, each product rounded as eager rounds it, so the caches get the pair's bits up to the order of the
+norm's sum of squares; the attention is ``decode_attention_upto``'s. Not promised bit-exact (Qwen3's norms sum their
+squares in another order; on a GPU the fused kernel is compiled apart from the two it replaces), so deterministic mode
+keeps it off.
 
 Guards, each with its reason (``rope_attention_not_single``): one token per step; the RoPE op's q read by this
 attention alone, through reshapes that keep its [B, Hq, 1, D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
 the caches that op wrote, whole (no view of a cache base); its outputs read one by one; a head dim the kernel takes
-(a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads (``unfused_pair_faster``:
-measured slower above). A kernel for the device (``no_fused_kernel``).
+(a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads
+(``unfused_pair_faster``: measured slower above). A kernel for the device (``no_fused_kernel``).
 """
 
 from __future__ import annotations

@@ -22,8 +22,18 @@ import contextlib
 import pytest
 import tolerances
 import torch
-from fuzz_harness import (FUSED, Recorder, applied_counts, count_ops, float_outputs, fused_op_count, logits,
-                          raw_symbols, unexplained, value_changing_rewrites)
+from fuzz_harness import (
+    FUSED,
+    Recorder,
+    applied_counts,
+    count_ops,
+    float_outputs,
+    fused_op_count,
+    logits,
+    raw_symbols,
+    unexplained,
+    value_changing_rewrites,
+)
 from fuzz_models import DecoderSpec, build, decoder_specs, expected_counts, inputs
 from fuzz_stats import REASONS, TALLY, full_compile_profile, profile
 from hypothesis import example, given, note

@@ -1,8 +1,8 @@
 """The GEMV with the silu-quant in its epilogue (``_gemv_silu_kernels.py``), M <= 4.
 
 CPU (``TRITON_INTERPRET=1``, set by ``tests/conftest.py``): against the unfused pair it replaces (``gemv_mm`` on
-the merged weight at twice the config's rows, then ``silu_mul_group_quant``: bit for bit) and the reference; a quant group
-over one or many programs, groups of 128 / 64 / 32, non-power-of-two M; zeros and NaN; the op's dispatch to it
+the merged weight at twice the config's rows, then ``silu_mul_group_quant``: bit for bit) and the reference; a quant
+group over one or many programs, groups of 128 / 64 / 32, non-power-of-two M; zeros and NaN; the op's dispatch to it
 from a ``GemvConfig`` TABLE row; the shapes and configs it refuses.
 """
 

@@ -162,17 +162,21 @@ def test_fake_matches_real_shape_dtype_stride(name, make):
         (lambda: OPS.silu_and_mul(_x(3, 255)), "must be even"),
         (
             lambda: OPS.blockscale_mm(
-                torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2), torch.zeros(128, 256, dtype=FP8), torch.ones(2, 2), BF16
+                torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2), torch.zeros(128, 256, dtype=FP8), torch.ones(2, 2),
+                BF16,
             ),
             r"w_scale must be \[ceil\(N/128\), ceil\(K/128\)\] = \[1, 2\]",
         ),
         (
-            lambda: OPS.blockscale_mm(_x(4, 256), torch.ones(4, 2), torch.zeros(128, 256, dtype=FP8), torch.ones(1, 2), BF16),
+            lambda: OPS.blockscale_mm(
+                _x(4, 256), torch.ones(4, 2), torch.zeros(128, 256, dtype=FP8), torch.ones(1, 2), BF16
+            ),
             "q must be fp8",
         ),
         (
             lambda: OPS.blockscale_mm(
-                torch.zeros(4, 256, dtype=FP8), torch.ones(4, 3), torch.zeros(128, 256, dtype=FP8), torch.ones(1, 2), BF16
+                torch.zeros(4, 256, dtype=FP8), torch.ones(4, 3), torch.zeros(128, 256, dtype=FP8), torch.ones(1, 2),
+                BF16,
             ),
             r"x_scale must be \[M, K/group\]",
         ),

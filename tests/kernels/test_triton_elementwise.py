@@ -19,11 +19,11 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
 
 import pytest
 from elementwise_checks import (
-    KERNEL_TEST_MARKS,
     BF16,
     EPS,
     HIDDEN,
     INTERMEDIATE,
+    KERNEL_TEST_MARKS,
     LEADS,
     OPS,
     _adversarial,

@@ -20,9 +20,9 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
 import pytest
 import triton
 from elementwise_checks import (
-    KERNEL_TEST_MARKS,
     EPS,
     HIDDEN,
+    KERNEL_TEST_MARKS,
     _assert_activation_close,
     _assert_exact,
     _assert_kernel_quant,

@@ -57,7 +57,8 @@ def test_qwen3_8b_full_depth_block_fp8_on_cuda():
         torch.cuda.synchronize()
     fwd_ms = (time.perf_counter() - start) * 1e3
     print(f"\nqwen3-8b block-FP8, 36 layers: build+convert {build_s:.1f} s, "
-          f"peak during build {_gib(build_peak):.2f} GiB, resident {_gib(resident):.2f} GiB, forward 2x32 tokens {fwd_ms:.1f} ms, "
+          f"peak during build {_gib(build_peak):.2f} GiB, resident {_gib(resident):.2f} GiB, "
+          f"forward 2x32 tokens {fwd_ms:.1f} ms, "
           f"peak overall {_gib(torch.cuda.max_memory_allocated() - before):.2f} GiB")
     assert logits.shape == (2, 32, 151936) and torch.isfinite(logits).all()
     # 6.95e9 fp8 weights (6.5 GiB) + bf16 embeddings and lm_head (2 x 1.16 GiB) = 8.8 GiB; bf16 would be 15.3 GiB

@@ -8,15 +8,10 @@ import sys
 
 import pytest
 
+from fp8_fusion_pass.kernels.triton import _blockscale_kernels, _gemv_kernels, _small_m_kernels, _small_m_silu_kernels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-from fp8_fusion_pass.kernels.triton import (
-    _blockscale_kernels,
-    _gemv_kernels,
-    _small_m_kernels,
-    _small_m_silu_kernels,
-)
 
 GEMMS = [
     _blockscale_kernels._blockscale_mm_kernel,

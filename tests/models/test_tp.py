@@ -17,12 +17,12 @@ import time
 
 import pytest
 import torch
+from tolerances import MODEL_PASS_VS_NO_PASS_REL_ERR
 
 from fp8_fusion_pass.models import build_model, example_inputs
 from fp8_fusion_pass.models.presets import PRESETS, get_preset
 from fp8_fusion_pass.models.tp import TPShardError, all_reduce, shard_column, shard_row, tensor_parallel, tp_shapes
 from fp8_fusion_pass.models.tp_graph import CollectiveAudit
-from tolerances import MODEL_PASS_VS_NO_PASS_REL_ERR
 
 # This module's tolerance table (tests/tolerances.py is the lead's; this one is TP-specific, measured here).
 # Sharded vs unsharded logits, relative L2, qwen3-tiny 2 layers: a row-parallel output is two bf16-rounded

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 import tolerances
+import torch
 from pattern_helpers import FUSIONS_ONLY, capture, compile_model, logits, rel_l2, run_pass
 from test_rope_cache import LAYERS, _compiled_step, _engine_step
 

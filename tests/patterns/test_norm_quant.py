@@ -8,10 +8,9 @@ import operator
 
 import pytest
 import torch
+from pattern_helpers import FUSIONS_ONLY, NormLinear, capture, count, graph_text, ops, run_pass
 
 from fp8_fusion_pass.config import FusionConfig
-
-from pattern_helpers import FUSIONS_ONLY, NormLinear, capture, count, graph_text, ops, run_pass
 
 BF16 = torch.bfloat16
 FUSED = ops.rms_norm_group_quant.default

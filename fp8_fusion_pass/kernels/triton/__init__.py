@@ -12,8 +12,12 @@ def kernels() -> dict:
     from .blockscale_mm import blockscale_mm
     from .blockscale_mm_grouped import blockscale_mm_grouped
     from .blockscale_mm_silu_quant import blockscale_mm_silu_mul_group_quant
-    from .decode_attention import (decode_attention, decode_attention_upto, decode_attention_upto_quant,
-                                   rope_decode_attention)
+    from .decode_attention import (
+        decode_attention,
+        decode_attention_upto,
+        decode_attention_upto_quant,
+        rope_decode_attention,
+    )
     from .dynamic_per_tensor_quant import dynamic_per_tensor_quant
     from .group_quant import group_quant
     from .group_quant_blockscale_mm import group_quant_blockscale_mm

@@ -327,7 +327,8 @@ def small_m_mm_silu_quant(q, x_scale, w_gate, s_gate, w_up, s_up, out_dtype, gro
     _small_m_silu_quant_kernel[grid](
         q, w_gate, w_up, q_out, s_out, partials, values, s_out if counters is None else counters, x_scale, s_gate, s_up,
         *descs, m, i, k, q.stride(0), w_gate.stride(0), *x_scale.stride(), *s_gate.stride(), per_split,
-        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size, GROUP_TILES=group_tiles,
+        GROUP_K=group_k, SCALE_BLOCK=SCALE_BLOCK, OUT_DTYPE=_TL_DTYPES[out_dtype], G=group_size,
+        GROUP_TILES=group_tiles,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, K_UNROLL=unroll, MODE=0 if split == 1 else 2,
         **kernel_constexprs(dev), PDL=pdl, TMA=descs[0] is not q, SWAP=config.swap, num_warps=config.warps,
         num_stages=config.stages,

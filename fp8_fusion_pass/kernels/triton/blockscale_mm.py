@@ -20,10 +20,10 @@ shape correctly (``unsupported``) falls back along cublas -> small_m / tiled -> 
 How ``TABLE`` is measured: ``python benchmarks/gemm.py`` on one H200 (torch 2.11, Triton 3.6) times bf16
 ``torch.mm``, cuBLAS block-wise, Triton tiled and Triton small-M (a sweep of BLOCK_N x SPLIT_K x warps x
 stages x split-K sum x K unroll, and a GEMV for M <= 4) for the Qwen3-8B / Llama-3.1-8B / Qwen3-32B
-projection shapes at M in ``M_BUCKETS``: medians of CUDA-graph replays, weights rotated through more than the 50 MB L2. Every candidate is first checked against
-the fp32 oracle (and, for the in-launch split-K sum, for bitwise repeatability), so a TABLE row names a config
-validated at that shape. It prints the fastest path per (M bucket, N, K) in this table's syntax; paste those
-rows below with the date and the GPU.
+projection shapes at M in ``M_BUCKETS``: medians of CUDA-graph replays, weights rotated through more than the 50 MB L2.
+Every candidate is first checked against the fp32 oracle (and, for the in-launch split-K sum, for bitwise
+repeatability), so a TABLE row names a config validated at that shape. It prints the fastest path per (M bucket, N, K)
+in this table's syntax; paste those rows below with the date and the GPU.
 Until then the table is empty and ``default_choice`` decides by reasoning.
 """
 

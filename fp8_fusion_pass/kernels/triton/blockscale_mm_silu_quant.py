@@ -9,9 +9,9 @@ M = 16 / 32, with TMA tiles but for Qwen3-32B at 32); at M = 33-64 the launch wi
 M side (``SmallMConfig.swap`` False) won on all three measured shapes: see the table's comment.
 
 The fused launch is ``_small_m_silu_kernels.py`` (a ``SmallMConfig`` row) or, for M <= ``GEMV_MAX_M``, the GEMV
-with the same epilogue, ``_gemv_silu_kernels.py`` (a ``GemvConfig`` row); the unfused pair is ``blockscale_mm`` (or ``blockscale_mm_grouped``
-for separate gate / up weights) then ``silu_mul_group_quant``, the graph the pass started from, so a shape the
-fused kernel cannot take computes the same thing.
+with the same epilogue, ``_gemv_silu_kernels.py`` (a ``GemvConfig`` row); the unfused pair is ``blockscale_mm`` (or
+``blockscale_mm_grouped`` for separate gate / up weights) then ``silu_mul_group_quant``, the graph the pass started
+from, so a shape the fused kernel cannot take computes the same thing.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def _decode_attention_kernel(
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
     UPTO: tl.constexpr,  # keep_ptr is last [B]: row b sees slots 0..last[b] (no mask read; the loop ends there)
     EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
-    QUANT: tl.constexpr,  # o_ptr is fp8 and s_ptr its scales [B, Hkv, R, D / G]: the output rounded, then group-quantized
+    QUANT: tl.constexpr,  # o_ptr is fp8 and s_ptr its scales [B, Hkv, R, D / G]: the output rounded, then quantized
     G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
     ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
     NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)

@@ -15,10 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fp8_fusion_pass.kernels import reference
-
 from aiter import _standin
 from aiter.utility import dtypes
+from fp8_fusion_pass.kernels import reference
 
 
 def _check(fn, XQ, WQ, x_scale, w_scale, dtype):

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from aiter import _standin
 from aiter.utility import dtypes
+
 from .enum import QuantType
 
 
