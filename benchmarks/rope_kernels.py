@@ -104,8 +104,9 @@ class Case:
         pos = torch.arange(m, device=DEVICE)
         freqs = (100 + pos[:, None].float()) / (1e6 ** (torch.arange(0, D, 2, device=DEVICE).float() / D))
         emb = torch.cat([freqs, freqs], -1)[None]
-        cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
-        self.inputs = [(torch.randn(1, m, width, device=DEVICE, dtype=torch.bfloat16) * 2, cos, sin)
+        # each copy its own tables too: they rotate beyond L2 with the activations
+        self.inputs = [(torch.randn(1, m, width, device=DEVICE, dtype=torch.bfloat16) * 2,
+                        emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16))
                        for _ in range(self.copies)]
         self.positions = pos[None]  # [1, S]
         if self.cache:

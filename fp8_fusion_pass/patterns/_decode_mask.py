@@ -52,8 +52,9 @@ def upto(keep: Node) -> tuple[Node, int] | None:
     slot_at, offset = COMPARES[node.target]
     iota, pos = node.args[slot_at], node.args[1 - slot_at]
     kept, out, p = _graph.val(keep), _graph.val(node), _graph.val(pos)
-    counts_from_0 = iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1
-    if not (_graph.is_call(iota, prims.iota.default) and counts_from_0):
+    if not _graph.is_call(iota, prims.iota.default):
+        return None
+    if not (iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1):  # slot t is t
         return None
     if not (isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool):
         return None
