@@ -4,9 +4,8 @@
     python benchmarks/fused_kernels.py --out DIR      # full: 5 hidden + 15 intermediate sizes x 6 M (~5 min, H200)
     python benchmarks/fused_kernels.py --sweep        # tile candidates at K 4096, 5120, 12288, 25600 (~4 min)
     python benchmarks/fused_kernels.py --sweep --ops group_quant --sizes 4096,12288   # the unfused pair's quant too
-    python benchmarks/fused_kernels.py --sweep --ms 1,4 --sizes 4096,5120,8192 \
-        --ops rms_norm_group_quant,add_rms_norm_group_quant
-                                                      # a row over several programs at decode sizes: SPLIT_ROWS
+    python benchmarks/fused_kernels.py --sweep --ms 1,4 --sizes 4096,5120,8192 \\
+        --ops rms_norm_group_quant,add_rms_norm_group_quant   # a row over several programs at decode sizes: SPLIT_ROWS
     python benchmarks/fused_kernels.py --ops silu_mul_group_quant --sizes 25600,12800
     python benchmarks/fused_kernels.py --dry-run      # CPU + Triton interpreter, tiny shapes: checks the script only
 
