@@ -66,9 +66,8 @@ def hashed_files() -> list[pathlib.Path]:
 
 def thresholds() -> tuple:
     """The guards' and the patterns' module-level numbers as they are now (``GQA_MIN_BATCH_HEADS``, ``MAX_ROWS``,
-    ...):
-    the sources are hashed, but a caller may set one at run time (a benchmark's ``--set``, a user tuning a bound),
-    and a graph compiled under one value must not be served to a compile under another."""
+    ...): the sources are hashed, but a caller may set one at run time (a benchmark's ``--set``, a user tuning a
+    bound), and a graph compiled under one value must not be served to a compile under another."""
     return tuple((m.__name__, name, value) for m in _threshold_modules() for name, value in sorted(vars(m).items())
                  if name.isupper() and _plain(value))
 

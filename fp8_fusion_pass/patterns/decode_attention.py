@@ -55,7 +55,8 @@ FUSED_UPTO_QUANT = torch.ops.fp8_fusion.decode_attention_upto_quant.default
 # (ops.ATTENTION_MAX_ROWS), but at 32 rows (8 tokens x 4 heads, or 4 x 8) the kernel lost to Inductor's math form at
 # batch 1 / 8 (12.1 / 16.6 against 9.1 / 13.6 us; won at batch 32, 36.0 against 47.3) and the Llama-3.1-8B engine
 # step of 8 tokens at batch 8 with it was 4.667 ms against 4.629 without (H100, 2026-12-06; docs/benchmarks.md,
-# "8 query heads per kv head at batch 1").
+# "8 query heads per kv head at batch 1"). No kernel config closes that: the sweep's best at 32 rows, kernel alone,
+# 9.85 / 12.87 us against the table's 9.93 / 14.15 (docs/benchmarks.md, "Fewer than 32 copied heads ...").
 MAX_ROWS = 16
 CONVERT = prims.convert_element_type.default
 HALF = (torch.bfloat16, torch.float16)
