@@ -17,7 +17,8 @@
 #                                               HF and engine steps of 4 tokens at batch 8 and 32 (~380 s, H100)
 #     OUT=$OUT bash benchmarks/issue7.sh gqa     HF decode at batch 1, 8 kv heads x 4 query heads each (Llama-3.1-8B,
 #                                               Qwen3-8B): the grouped SDPA (the pass) against the copy (the pass minus
-#                                               gqa_attention), 3 interleaved rounds (H100: 240-270 s a model, fresh)
+#                                               gqa_attention), 3 interleaved rounds (H100, fresh: 240-270 s a model
+#                                               in one run, both in 420 s in another)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
