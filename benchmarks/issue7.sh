@@ -19,6 +19,10 @@
 #                                               Qwen3-8B): the grouped SDPA (the pass) against the copy (the pass minus
 #                                               gqa_attention), 3 interleaved rounds (H100, fresh: 240-270 s a model
 #                                               in one run, both in 420 s in another)
+#     OUT=$OUT bash benchmarks/issue7.sh tokens  engine steps of 4 tokens (verifying draft tokens) at batch 8 and 32,
+#                                               Llama-3.1-8B and Qwen3-8B, with decode_attention_tokens_quant and with
+#                                               the masked form it replaces (--set patterns._decode_tokens.MAX_TOKENS=1),
+#                                               after the op's GPU tests
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -56,8 +60,14 @@ case "${1:-}" in
                   --json "$out/verify_llama.json" ;;  # not decode_*.json: no target counts steps of 4 tokens
     gqa) "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms hf --batches 1 --also=-gqa_attention --interleave 3 \
              --json "$out/gqa_hf_b1.json" ;;  # not decode_*.json: the targets table has part 4 / 6's cells
+    tokens) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py \
+                tests/patterns/test_pass_gpu.py -k "tokens" > "$out/tokens_tests.log" 2>&1; tail -4 "$out/tokens_tests.log"
+            for most in 16 1; do  # not decode_*.json: no target counts steps of 4 tokens
+                "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms engine --batches 8,32 --tokens 4 \
+                    --set "patterns._decode_tokens.MAX_TOKENS=$most" --json "$out/tokens_engine_max$most.json" || exit $?
+            done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

@@ -28,6 +28,8 @@ Outputs (``x [..., K]``, ``g = group_size``):
   decode_attention_upto(q, k_cache, v_cache, last [B] int, scale) -> o: keep = slot <= last[b], every row
   decode_attention_upto_quant(q, k_cache, v_cache, last, scale, g) -> (o_q [B,Hkv,R,D] fp8, scale [B,Hkv,R,D/g])
                                                      (group_quant of decode_attention_upto's output, one launch)
+  decode_attention_tokens_quant(q [B,Hq,S,D], k_cache, v_cache, last [B,S] int, scale, g)
+                        -> (o_q [B,S,Hq,D] fp8, scale [B,S,Hq,D/g])   (token s sees slots 0..last[b, s]; quantized)
   rope_decode_attention(q [B,1,Hq,D], wq?, k [B,1,Hk,D], wk?, eps, cos, sin, v [B,Hk,1,D], positions, k_cache!,
                         v_cache!, last [B], scale, g) -> (o [B,Hk,Hq/Hk,D], scale [B,Hk,Hq/Hk,D/g or 0])
                                                      (rms_norm_rope_cache / qk_rope_cache, then decode_attention_upto
@@ -373,8 +375,9 @@ ATTENTION_MAX_ROWS = 64  # query rows per kv head (the Triton kernel keeps them 
 ATTENTION_MAX_HEAD_DIM = 256
 
 
-def _check_decode_attention(op, q, k_cache, v_cache, scale, keep=None, last=None):
-    """The shared checks; ``keep`` (decode_attention) or ``last`` (decode_attention_upto) says what is seen."""
+def _check_decode_attention(op, q, k_cache, v_cache, scale, keep=None, last=None, tokens=False):
+    """The shared checks; ``keep`` (decode_attention) or ``last`` (decode_attention_upto) says what is seen;
+    ``tokens``: q is ``[B, Hq, S, D]`` and last ``[B, S]`` (decode_attention_tokens_quant)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)) + ((("keep", keep),) if last is None else ()):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
@@ -383,17 +386,24 @@ def _check_decode_attention(op, q, k_cache, v_cache, scale, keep=None, last=None
         raise TypeError(f"{op}: q, k_cache and v_cache must share one dtype, bf16 or fp16; got {q.dtype}, "
                         f"{k_cache.dtype}, {v_cache.dtype}")
     b, hkv, r, d = q.shape
+    if tokens:  # q [B, Hq, S, D]: each kv head's rows are its G query heads x the S tokens
+        b, hq, s, d = q.shape
+        hkv = k_cache.shape[1]
+        if hkv == 0 or hq % hkv:
+            raise ValueError(f"{op}: the query heads ({hq}) must be a multiple of the kv heads ({hkv})")
+        r = hq // hkv * s
     if tuple(k_cache.shape) != tuple(v_cache.shape) or tuple(k_cache.shape[:2]) != (b, hkv) or k_cache.shape[3] != d:
         raise ValueError(f"{op}: k_cache and v_cache must both be [B, Hkv, T, D] = [{b}, {hkv}, T, {d}] (q's B, Hkv, "
                          f"D), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     t = k_cache.shape[2]
     if last is not None:
-        if not isinstance(last, Tensor) or last.dim() != 1 or last.dtype not in (torch.int32, torch.int64):
+        want, each = ((b, s), "batch row and token") if tokens else ((b,), "batch row")
+        if not isinstance(last, Tensor) or last.dim() != len(want) or last.dtype not in (torch.int32, torch.int64):
             got = f"{tuple(last.shape)} {last.dtype}" if isinstance(last, Tensor) else type(last).__name__
-            raise TypeError(f"{op}: last must be a 1-D int32 / int64 tensor, the last slot each batch row sees; "
-                            f"got {got}")
-        if last.shape[0] != b:
-            raise ValueError(f"{op}: last must have one entry per batch row ({b}), got {last.shape[0]}")
+            raise TypeError(f"{op}: last must be a {len(want)}-D int32 / int64 tensor, the last slot each {each} "
+                            f"sees; got {got}")  # fmt: skip
+        if tuple(last.shape) != want:
+            raise ValueError(f"{op}: last must be {list(want)} (one entry per {each}), got {list(last.shape)}")
     elif keep.dtype != torch.bool:
         raise TypeError(f"{op}: keep must be a bool mask (True: the slot is seen), got {keep.dtype}")
     elif any(m not in (1, n) for m, n in zip(keep.shape[:3], (b, hkv, r))) or keep.shape[3] != t:
@@ -437,8 +447,8 @@ def _(q, k_cache, v_cache, last, scale):
     return q.new_empty(q.shape)
 
 
-def _check_attention_quant(op, q, k_cache, v_cache, last, scale, group_size):
-    _check_decode_attention(op, q, k_cache, v_cache, scale, last=last)
+def _check_attention_quant(op, q, k_cache, v_cache, last, scale, group_size, tokens=False):
+    _check_decode_attention(op, q, k_cache, v_cache, scale, last=last, tokens=tokens)
     d = q.shape[-1]
     if not isinstance(group_size, int) or group_size <= 0 or d % group_size or d & (d - 1):
         raise ValueError(f"{op}: the head dim must be a power of two and a multiple of the group size; got head dim "
@@ -458,6 +468,23 @@ def decode_attention_upto_quant(q: Tensor, k_cache: Tensor, v_cache: Tensor, las
 def _(q, k_cache, v_cache, last, scale, group_size):
     _check_attention_quant("decode_attention_upto_quant", q, k_cache, v_cache, last, scale, group_size)
     return _quant_outputs(q, group_size)
+
+
+@custom_op(f"{NS}::decode_attention_tokens_quant", mutates_args=())
+def decode_attention_tokens_quant(q: Tensor, k_cache: Tensor, v_cache: Tensor, last: Tensor, scale: float,
+                                  group_size: int) -> tuple[Tensor, Tensor]:
+    """A step of S tokens per row (verifying draft tokens) in the engine's layouts, then the o_proj's input quant,
+    one launch on the Triton backend: ``q [B, Hq, S, D]`` (any strides), token s of row b seeing the slots
+    ``0..last[b, s]`` (``reference.decode_attention_tokens``); returns ``(o_q [B, S, Hq, D], scales [B, S, Hq,
+    D / group_size])``, bit for bit ``group_quant`` of that attention's output."""
+    _check_attention_quant("decode_attention_tokens_quant", q, k_cache, v_cache, last, scale, group_size, True)
+    return _kernel("decode_attention_tokens_quant", q)(q, k_cache, v_cache, last, scale, group_size)
+
+
+@decode_attention_tokens_quant.register_fake
+def _(q, k_cache, v_cache, last, scale, group_size):
+    _check_attention_quant("decode_attention_tokens_quant", q, k_cache, v_cache, last, scale, group_size, True)
+    return _quant_outputs(q.transpose(1, 2), group_size)  # contiguous [B, S, Hq, D] and its scales
 
 
 def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size):
@@ -542,4 +569,4 @@ UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscal
 FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
          "blockscale_mm_silu_mul_group_quant", "group_quant_blockscale_mm", "rms_norm_rope", "rms_norm_rope_cache",
          "qk_rope", "qk_rope_cache", "decode_attention", "decode_attention_upto", "decode_attention_upto_quant",
-         "rope_decode_attention")  # fmt: skip
+         "decode_attention_tokens_quant", "rope_decode_attention")  # fmt: skip

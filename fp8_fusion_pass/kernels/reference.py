@@ -203,6 +203,18 @@ def decode_attention_upto(q, k_cache, v_cache, last, scale: float) -> torch.Tens
     return decode_attention(q, k_cache, v_cache, keep, scale)
 
 
+def decode_attention_tokens(q, k_cache, v_cache, last, scale: float) -> torch.Tensor:
+    """A step of S tokens in the engine's layouts: ``q [B, Hq, S, D]``, query head h reading kv head
+    ``h // (Hq / Hkv)``, token s of batch row b seeing the slots ``0..last[b, s]`` (``last [B, S]``); the output
+    ``[B, S, Hq, D]`` as the o_proj reads it. ``decode_attention`` on the G heads x S tokens of each kv head."""
+    b, hq, s, d = q.shape
+    hkv, t = k_cache.shape[1], k_cache.shape[2]
+    keep = torch.arange(t, device=q.device) <= last.unsqueeze(-1)  # [B, S, T]
+    keep = keep.unsqueeze(1).expand(b, hq // hkv, s, t).reshape(b, 1, hq // hkv * s, t)
+    o = decode_attention(q.reshape(b, hkv, hq // hkv * s, d), k_cache, v_cache, keep, scale)
+    return o.reshape(b, hq, s, d).transpose(1, 2).contiguous()
+
+
 def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last, scale: float):
     """One decode token's RoPE, cache writes and attention: ``rms_norm_rope_cache`` (``wq`` None:
     ``qk_rope_cache``), its q ``[B, Hq, 1, D]`` grouped as ``[B, Hkv, Hq / Hkv, D]``, then ``decode_attention_upto``

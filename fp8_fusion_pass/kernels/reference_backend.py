@@ -46,6 +46,10 @@ def decode_attention_upto_quant(q, k_cache, v_cache, last, scale, group_size):
     return group_quant(ref.decode_attention_upto(q, k_cache, v_cache, last, scale), group_size)
 
 
+def decode_attention_tokens_quant(q, k_cache, v_cache, last, scale, group_size):
+    return group_quant(ref.decode_attention_tokens(q, k_cache, v_cache, last, scale), group_size)
+
+
 def rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size):
     o = ref.rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale)
     if group_size:
@@ -82,5 +86,6 @@ def kernels() -> dict:
         "decode_attention": ref.decode_attention,
         "decode_attention_upto": ref.decode_attention_upto,
         "decode_attention_upto_quant": decode_attention_upto_quant,
+        "decode_attention_tokens_quant": decode_attention_tokens_quant,
         "rope_decode_attention": rope_decode_attention,
     }

@@ -43,7 +43,7 @@ from torch.fx.experimental.symbolic_shapes import guard_int, statically_known_tr
 
 from .. import guards
 from ..kernels import ops as _ops
-from . import _decode_mask, _graph, _site
+from . import _decode_mask, _decode_tokens, _graph, _site
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -390,6 +390,10 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     _, hkv, t, d = kc.shape
     r = _graph.val(m.q3).shape[1]
     hkv, d = _graph.static_int(hkv), _graph.static_int(d)  # static: check() said so
+    if not m.hides or _op(m.mask, aten.bitwise_not.default):  # several tokens in the engine's layouts: no copies
+        tokens = _decode_tokens.rewrite(graph, m, m.mask.args[0] if m.hides else m.mask, hkv, d)
+        if tokens is not None:
+            return tokens
     upto = None
     if m.hides and _op(m.mask, aten.bitwise_not.default):
         keep = _decode_mask.one_row(m.mask.args[0])

@@ -47,6 +47,7 @@ NAME = "rope_attention"
 FUSED = _ops.rope_decode_attention.default
 ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
 MASKED = _ops.decode_attention.default  # reads a mask, not slots up to a position: the fused kernel takes positions
+TOKENS = _ops.decode_attention_tokens_quant.default  # several tokens per step: the fused kernel RoPEs one
 ROPE_CACHE = (_ops.qk_rope_cache.default, _ops.rms_norm_rope_cache.default)
 _op = _graph.is_call
 # With Qwen3's q / k norms in the prologue, one launch measured slower above this many (batch row, kv head) pairs:
@@ -97,6 +98,8 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
 
     if att.target is MASKED:
         return no("the attention reads a mask, not every slot up to each row's position (the fused kernel's)")
+    if att.target is TOKENS:
+        return no(f"{_graph.val(att.args[0]).shape[2]} tokens per step, not one (the fused kernel RoPEs one token)")
     outs = _outputs(af)
     if len(outs) != len(af.users):
         return no("the RoPE op's outputs are read as a tuple")
@@ -156,7 +159,7 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
 
 
 def run(graph: Graph, report) -> None:
-    for att in [n for n in graph.nodes if _op(n, *ATTENTION, MASKED)]:
+    for att in [n for n in graph.nodes if _op(n, *ATTENTION, MASKED, TOKENS)]:
         af, q_chain = _rope_q(att)
         if af is None:
             af = _rope_q_through_copies(att)

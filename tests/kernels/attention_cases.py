@@ -37,3 +37,29 @@ def rope_inputs(b, hq, hk, t, d, positions, norm: bool, device="cpu", dtype=torc
         k_cache[i, :, p], v_cache[i, :, p] = 50.0, 1000.0
     pos = torch.tensor(positions, device=device).view(b, 1)
     return q, wq, k, wk, 1e-6, cos, sin, v, pos, k_cache, v_cache
+
+
+def token_inputs(b, hkv, g, s, t, d, device="cpu", dtype=torch.bfloat16, seed=0):
+    """A step of ``s`` tokens per row as the engine's RoPE op leaves q: ``[B, Hq, S, D]``, a transposed view of
+    [B, S, Hq, D]; two caches; ``last [B, S]``, consecutive positions from a random start per row, the first
+    token of row 1 seeing nothing (-1) where there is a row 1. ``(q, k, v, last, scale)``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, s, hkv * g, d, generator=gen).to(device, dtype).transpose(1, 2)
+    k = torch.randn(b, hkv, t, d, generator=gen).to(device, dtype)
+    v = torch.randn(b, hkv, t, d, generator=gen).to(device, dtype)
+    last = torch.randint(0, t - s + 1, (b, 1), generator=gen) + torch.arange(s)
+    if b > 1:
+        last[1, 0] = -1
+    return q, k, v, last.to(device), d**-0.5
+
+
+def tokens_as_masked_pair(q, k, v, last, scale, group_size, attend, quant):
+    """What the graph computed before ``decode_attention_tokens_quant``: q copied into grouped rows, the mask of
+    ``last`` per token for the G heads, ``attend(q, k, v, keep, scale)`` (the masked op), the output copied back
+    to [B, S, Hq, D] and ``quant(x, group_size)``."""
+    b, hq, s, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    keep = torch.arange(t, device=q.device) <= last.unsqueeze(-1)
+    keep = keep.unsqueeze(1).expand(b, hq // hkv, s, t).reshape(b, 1, hq // hkv * s, t)
+    o = attend(q.reshape(b, hkv, hq // hkv * s, d), k, v, keep, scale)
+    return quant(o.reshape(b, hq, s, d).transpose(1, 2).contiguous(), group_size)

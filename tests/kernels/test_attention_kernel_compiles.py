@@ -42,9 +42,10 @@ for p in fn.params:
     else:
         sig[p.name] = "fp32" if p.name in ("scale", "eps") else "i32"
 rope, norm, quant, upto, ptx = (v == "1" for v in sys.argv[1:6])
+tokens = int(sys.argv[6])
 constexprs = dict(D=128, BLOCK_R=16, BLOCK_D=128, BLOCK_T=64, SPLITS=3, BLOCK_S=4, UPTO=upto, EMULATE_CAST=False,
                   QUANT=quant, G=128, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, PTX=ptx, ROPE=rope, NORM=norm,
-                  NEW_FROM_REGISTERS=rope and not ptx)
+                  NEW_FROM_REGISTERS=rope and not ptx, TOKENS=tokens)
 src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -57,13 +58,14 @@ print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir)
 """
 
 
-@pytest.mark.parametrize("rope, norm, quant, upto, ptx", [
-    (False, False, False, False, True), (False, False, True, True, True), (True, False, False, True, True),
-    (True, True, True, True, True), (True, True, True, True, False),  # the last: ROCm's path (no PTX, the select)
+@pytest.mark.parametrize("rope, norm, quant, upto, ptx, tokens", [
+    (False, False, False, False, True, 1), (False, False, True, True, True, 1), (True, False, False, True, True, 1),
+    (True, True, True, True, True, 1), (True, True, True, True, False, 1),  # ROCm's path (no PTX, the select)
+    (False, False, True, True, True, 4),  # decode_attention_tokens_quant: rows as (head, token), a position per token
 ])  # fmt: skip
-def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx):
+def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx, tokens):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    flags = [str(int(f)) for f in (rope, norm, quant, upto, ptx)]
+    flags = [str(int(f)) for f in (rope, norm, quant, upto, ptx, tokens)]
     done = subprocess.run([sys.executable, "-c", CHILD, *flags], env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     if done.stdout.startswith("SKIP"):

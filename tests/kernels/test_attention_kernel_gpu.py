@@ -10,7 +10,7 @@ import sys
 import pytest
 import tolerances
 import torch
-from attention_cases import inputs, rel_l2
+from attention_cases import inputs, rel_l2, token_inputs, tokens_as_masked_pair
 
 import fp8_fusion_pass.kernels.ops  # noqa: F401
 from fp8_fusion_pass.kernels import backends
@@ -62,6 +62,23 @@ def test_upto_quant_is_the_op_then_group_quant(b):
     got_q, got_s = kernel.decode_attention_upto_quant(q, k, v, last, scale, 128)
     assert got_q.dtype == want_q.dtype and got_s.shape == want_s.shape == (b, 8, 4, 1)
     assert rel_l2(got_q.float() * got_s, want_q.float() * want_s) <= 1e-2
+
+
+@pytest.mark.parametrize("b", [1, 8, 32])
+@pytest.mark.parametrize("g, s", [(4, 4), (8, 2), (4, 2)])
+def test_tokens_quant_is_the_masked_pair(b, g, s):
+    # q read and o_q / scales written at their own strides, a position per token: against the masked kernel on the
+    # copied q, the copy back and group_quant, after dequantizing (two compiles of the kernel may round the bf16
+    # output an ulp apart, as upto vs mask did); the token that sees nothing NaN in both
+    from fp8_fusion_pass.kernels.triton.group_quant import group_quant
+
+    q, k, v, last, scale = token_inputs(b, 8, g, s, 576, 128, "cuda")
+    got_q, got_s = kernel.decode_attention_tokens_quant(q, k, v, last, scale, 128)
+    want_q, want_s = tokens_as_masked_pair(q, k, v, last, scale, 128, kernel.decode_attention, group_quant)
+    assert got_q.shape == want_q.shape == (b, s, 8 * g, 128) and torch.equal(got_s.isnan(), want_s.isnan())
+    ok = ~want_s.isnan().any(-1)
+    got, want = (x.float() * sc for x, sc in ((got_q, got_s), (want_q, want_s)))
+    assert rel_l2(got[ok], want[ok]) <= 1e-2
 
 
 def test_in_cuda_graph_replays_with_the_merge():

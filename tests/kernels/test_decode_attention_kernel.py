@@ -4,6 +4,7 @@ mask given as each batch row's last slot), and the ops' input checks."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -13,7 +14,7 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
 
 import pytest
 import tolerances
-from attention_cases import inputs, rel_l2
+from attention_cases import inputs, rel_l2, token_inputs, tokens_as_masked_pair
 from elementwise_checks import KERNEL_TEST_MARKS
 
 import fp8_fusion_pass.kernels.ops  # noqa: F401
@@ -213,3 +214,46 @@ def test_upto_quant_op_checks_the_group():
         op(q, k, v, last, scale, 96)
     with pytest.raises(ValueError, match="power of two"):
         op(*inputs(1, 2, 4, 64, 96, [0])[:3], last, scale, 32)
+
+
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT], ids=str)
+@pytest.mark.parametrize("b, hkv, g, s, t, d, group_size", [
+    (2, 2, 4, 4, 64, 128, 128), (1, 2, 2, 3, 40, 64, 32), (3, 1, 8, 2, 100, 128, 64), (2, 2, 4, 1, 64, 128, 128),
+])  # fmt: skip
+def test_tokens_quant_is_the_masked_pair_bit_for_bit(cfg, b, hkv, g, s, t, d, group_size):
+    # rows = (head, token) read and written at their own strides, each token's position compared per row: the same
+    # splits, tiles and sums as the masked kernel on the copied q, then the copy back and group_quant
+    from fp8_fusion_pass.kernels.triton.group_quant import group_quant
+
+    q, k, v, last, scale = token_inputs(b, hkv, g, s, t, d)
+    got_q, got_s = kernel.decode_attention_tokens_quant(q, k, v, last, scale, group_size, cfg)
+    masked = functools.partial(kernel.decode_attention, cfg=cfg)
+    want_q, want_s = tokens_as_masked_pair(q, k, v, last, scale, group_size, masked, group_quant)
+    assert got_q.shape == (b, s, hkv * g, d) and got_s.shape == (b, s, hkv * g, d // group_size)
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(got_s.nan_to_num(-1.0), want_s.nan_to_num(-1.0))
+    assert got_s.isnan().any(-1).sum() == (hkv * g if b > 1 else 0)  # row 1's first token sees nothing
+
+
+def test_tokens_quant_op_runs_the_triton_kernel_and_checks_inputs():
+    from fp8_fusion_pass.kernels import backends, reference_backend
+
+    q, k, v, last, scale = token_inputs(2, 2, 4, 4, 64, 128)
+    op = torch.ops.fp8_fusion.decode_attention_tokens_quant
+    with backends.use_backend("triton"):
+        got_q, got_s = op(q, k, v, last, scale, 128)
+    want_q, want_s = reference_backend.decode_attention_tokens_quant(q, k, v, last, scale, 128)
+    ok = ~want_s.isnan().any(-1)
+    got, want = (x.float() * sc for x, sc in ((got_q, got_s), (want_q, want_s)))
+    assert rel_l2(got[ok], want[ok]) <= tolerances.ATTENTION_REL_L2 + 2**-4
+    assert torch.equal(got_s.isnan(), want_s.isnan())
+    with pytest.raises(TypeError, match="2-D int32 / int64 tensor, the last slot each batch row and token"):
+        op(q, k, v, last[:, 0], scale, 128)
+    with pytest.raises(ValueError, match=r"last must be \[2, 4\]"):
+        op(q, k, v, last[:, :2], scale, 128)
+    with pytest.raises(ValueError, match="multiple of the kv heads"):
+        op(q[:, :7], k, v, last, scale, 128)
+    with pytest.raises(ValueError, match="at most 64 query rows"):
+        op(*token_inputs(1, 1, 8, 9, 64, 128)[:4], scale, 128)
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        op(q, k, v, last, scale, 96)

@@ -319,6 +319,19 @@ def test_engine_decode_step_at_a_symbolic_batch(preset):
 
 
 @pytest.mark.parametrize("preset", ["llama3.1-8b", "qwen3-8b"])
+def test_engine_step_of_4_tokens_attends_in_the_models_layouts(preset):
+    # A static step verifying 3 draft tokens (4 per row, batch 8, 8B heads: 4 x 4 = 16 rows per kv head): q read as
+    # the RoPE op leaves it, a position per token, the output quantized in the o_proj's layout, one launch
+    # (decode_attention_tokens_quant; CPU-checked bit for bit against the masked form by
+    # tests/patterns/test_decode_tokens.py); against the model run eagerly with exact attention
+    steps = [("8 x 4 tokens", torch.randint(0, 1000, (8, 4), device="cuda"),
+              (300 + 20 * torch.arange(8, device="cuda")).view(8, 1) + torch.arange(4, device="cuda"))]
+    report = _one_compile_vs_exact(preset, steps, lambda *_: None)
+    details = [d.detail for d in report.applied if d.pattern == "decode_attention"]
+    assert len(details) == 2 and all("4 tokens per kv head" in d for d in details), report.render()
+
+
+@pytest.mark.parametrize("preset", ["llama3.1-8b", "qwen3-8b"])
 def test_engine_step_at_a_token_count_marked_dynamic(preset):
     # An engine verifying 2-4 draft tokens a step: the token dim marked dynamic with max=4, so the 4 query heads per
     # kv head x tokens stay within decode_attention's 16 rows; one compile for 2 and 4 tokens (CPU-checked by

@@ -99,6 +99,16 @@ def _mul(a, b, PTX: tl.constexpr):
 
 
 @triton.jit
+def _row_offsets(rows, TOKENS: tl.constexpr, stride_head, stride_token):
+    """Where row ``r`` of a kv head's tile lies: query head ``r // TOKENS`` of the kv head's group at token
+    ``r % TOKENS`` (``decode_attention_tokens_quant``'s q and output keep heads and tokens apart); one token: row r
+    at r times the row stride, as it was."""
+    if TOKENS == 1:
+        return rows * stride_head
+    return (rows // TOKENS) * stride_head + (rows % TOKENS) * stride_token
+
+
+@triton.jit
 def _roped(x, x_p, w, w_p, c, s, neg, eps, AXIS: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
            DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):
     """``rms_norm_rope``'s steps on heads laid along ``AXIS`` (fp32 ``x``; ``x_p`` / ``w_p`` at each column's RoPE
@@ -136,6 +146,8 @@ def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, keep_ptr, o_ptr, part_ptr, ml_ptr, cnt_ptr, s_ptr,
     HKV, R, T, keys_per_split, scale,
     sqb, sqh, sqr, sqd, skb, skh, skt, skd, svb, svh, svt, svd, smb, smh, smr, smt, sob, soh, sor, sod,
+    # TOKENS > 1: q / output / scales rows are (head, token) pairs, the token's stride apart (``_row_offsets``)
+    sq_s, so_s, ssb, ssh, ssr, ss_s,
     # ROPE (``rope_decode_attention``): q_ptr is the step's q before RoPE (one token: its [B, 1, Hq, D] as [B, Hkv,
     # R, D] strides), and the new token's k / v go into the caches at pos[b] from here (see the module docstring)
     wq_ptr, wk_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr,
@@ -149,6 +161,7 @@ def _decode_attention_kernel(
     G: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FNUZ: tl.constexpr, PTX: tl.constexpr,
     ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
     NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)
+    TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -158,7 +171,7 @@ def _decode_attention_kernel(
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < R
     col_ok = cols < D
-    q_rows = q_ptr + b * sqb + h * sqh + rows[:, None] * sqr
+    q_rows = q_ptr + b * sqb + h * sqh + _row_offsets(rows, TOKENS, sqr, sq_s)[:, None]
     q = tl.load(q_rows + cols[None, :] * sqd, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     k_base = k_ptr + b * skb + h * skh
     v_base = v_ptr + b * svb + h * svh
@@ -202,17 +215,22 @@ def _decode_attention_kernel(
             tl.debug_barrier()
         new_at = tl.where(mine, slot, -1)
     q = _mma_operand(q, EMULATE_CAST)
-    if UPTO:
+    if UPTO and TOKENS == 1:
         last_b = tl.load(keep_ptr + b * smb)
         hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
+    if UPTO and TOKENS > 1:  # each row its token's last slot; the loop ends after the last any row sees
+        last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
+        hi = tl.minimum(hi, (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32))
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         t_ok = t < hi
-        if UPTO:
+        if UPTO and TOKENS == 1:
             keep = t_ok[None, :]  # hi is at most last + 1
+        elif UPTO:
+            keep = t_ok[None, :] & (t[None, :] <= last_r[:, None])
         else:
             keep = tl.load(keep_base + t[None, :] * smt, mask=row_ok[:, None] & t_ok[None, :], other=0) != 0
         # No branch around the loads (it would stop the loop's software pipelining): K and V are issued together.
@@ -236,9 +254,10 @@ def _decode_attention_kernel(
         tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
         tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
     out_mask = row_ok[:, None] & col_ok[None, :]
-    o_ptrs = o_ptr + b * sob + h * soh + rows[:, None] * sor + cols[None, :] * sod
+    o_ptrs = o_ptr + b * sob + h * soh + _row_offsets(rows, TOKENS, sor, so_s)[:, None] + cols[None, :] * sod
+    s_rows = s_ptr + b * ssb + h * ssh + _row_offsets(rows, TOKENS, ssr, ss_s)
     if SPLITS == 1:  # a row that saw nothing: 0 / 0 = NaN, as softmax over nothing
-        _store(acc / l_i[:, None], o_ptrs, out_mask, s_ptr + (pair * R + rows) * (D // G), row_ok, q_ptr,
+        _store(acc / l_i[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
                BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
     else:
         part = part_ptr + pair * SPLITS * BLOCK_R * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
@@ -260,7 +279,7 @@ def _decode_attention_kernel(
             for i in tl.static_range(SPLITS):  # split order, whichever program came last
                 w_i = tl.sum(tl.where(sp[:, None] == i, w, 0.0), 0)
                 o += w_i[:, None] * tl.load(part + i * BLOCK_R * BLOCK_D, cache_modifier=".cg")
-            _store(o / l_all[:, None], o_ptrs, out_mask, s_ptr + (pair * R + rows) * (D // G), row_ok, q_ptr,
+            _store(o / l_all[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
                    BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
             tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
 
@@ -337,15 +356,42 @@ def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_ca
                    group_size=group_size, shape=(b, hkv, r, d), q_strides=q_strides, rope=rope, both=True)
 
 
+def decode_attention_tokens_quant(q, k_cache, v_cache, last, scale: float, group_size: int,
+                                  cfg: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.decode_attention_tokens`` then ``group_quant``, in one launch: q ``[B, Hq, S, D]`` (any strides:
+    the RoPE op's output as it is), token s of batch row b seeing the slots ``0..last[b, s]``; returns ``(o_q [B, S,
+    Hq, D], scales [B, S, Hq, D / group_size])``, the layout the o_proj's input quant had, so no copy is made on
+    either side. Each kv head's G heads x S tokens are one tile of rows, row r = (head r // S, token r % S)."""
+    b, hq, s, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    out = torch.empty((b, s, hq, d), dtype=arch.arch_of(q.device).fp8_dtype, device=q.device)
+    scales = torch.empty((b, s, hq, d // group_size), dtype=torch.float32, device=q.device)
+
+    def grouped(t):  # a [B, S, Hq, X] tensor's strides as (batch, kv head, head of the group, token)
+        return (t.stride(0), g * t.stride(2), t.stride(2), t.stride(1))
+
+    return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, last.stride(1), 0), scale, cfg, upto=True,
+                   group_size=group_size, shape=(b, hkv, g * s, d),
+                   q_strides=(q.stride(0), g * q.stride(1), q.stride(1), q.stride(3)), tokens=(s, q.stride(2)),
+                   outputs=(out, grouped(out) + (out.stride(3),), scales, grouped(scales)))  # fmt: skip
+
+
 def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, group_size: int = 0, shape=None,
-            q_strides=None, rope=None, both: bool = False):
+            q_strides=None, rope=None, both: bool = False, tokens=(1, 0), outputs=None):
     """One launch; ``shape`` / ``q_strides``: q's as [B, Hkv, R, D] (default: q's own); ``rope``: the RoPE
-    prologue's arguments; ``both``: return ``(out, scales)`` even without the quant."""
+    prologue's arguments; ``both``: return ``(out, scales)`` even without the quant; ``tokens``: (S, q's token
+    stride) where rows are (head, token) pairs; ``outputs``: (out, its (batch, kv head, row, token, dim) strides,
+    scales, their (batch, kv head, row, token) strides), allocated by the caller in its layout."""
     b, hkv, r, d = shape or q.shape
     t = k_cache.shape[2]
     quant = group_size > 0
-    out = torch.empty((b, hkv, r, d), dtype=arch.arch_of(q.device).fp8_dtype if quant else q.dtype, device=q.device)
-    scales = torch.empty((b, hkv, r, d // group_size if quant else 0), dtype=torch.float32, device=q.device)
+    if outputs is None:
+        out = torch.empty((b, hkv, r, d), dtype=arch.arch_of(q.device).fp8_dtype if quant else q.dtype,
+                          device=q.device)  # fmt: skip
+        scales = torch.empty((b, hkv, r, d // group_size if quant else 0), dtype=torch.float32, device=q.device)
+        outputs = (out, (*out.stride()[:3], 0, out.stride(3)), scales, (*scales.stride()[:3], 0))
+    out, out_strides, scales, scale_strides = outputs
     pairs = b * hkv
     cfg = cfg or config_for(pairs)
     if out.numel() == 0:
@@ -362,15 +408,17 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
     rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,)
     constexprs = kernel_constexprs(q.device)
+    sob, soh, sor, so_s, sod = out_strides
     _decode_attention_kernel[(pairs, splits)](
         q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
         hkv, r, t, per, float(scale),
-        *(q_strides or q.stride()), *k_cache.stride(), *v_cache.stride(), *seen_strides, *out.stride(),
+        *(q_strides or q.stride()), *k_cache.stride(), *v_cache.stride(), *seen_strides, sob, soh, sor, sod,
+        tokens[1], so_s, *scale_strides,
         *rope_args,
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
-        NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs),
+        NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion

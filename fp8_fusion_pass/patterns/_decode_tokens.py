@@ -1,0 +1,151 @@
+"""A decode step of several tokens per row (verifying draft tokens) in the engine's layouts, in one launch.
+
+    before (what ``decode_attention`` would leave at S > 1 tokens: the engine form's ``math`` attention)
+    keep = reshape(clone(expand(unsqueeze(iota(T) <= P.unsqueeze(-1), 1), [B, G, S, T])), [B, 1, G*S, T])
+    q3   = reshape(clone(q [B, Hq, S, D]), [B*Hkv, G*S, D])          (the RoPE op's q, heads and tokens apart)
+    o    = <score GEMM, masked softmax, value GEMM>(q3, k_cache, v_cache, keep)
+    x    = reshape(clone(permute(reshape(o, [B, Hq, S, D]), [0, 2, 1, 3])), [B*S, Hq*D]);  group_quant(x, g)
+
+    after
+    o_q, scales = fp8_fusion.decode_attention_tokens_quant(q, k_cache, v_cache, P.reshape(B, S), scale, g)
+                  reshaped to what the quant returned
+
+Why: at one token the rows of a kv head are its G heads and the head-major q and the o_proj's token-major input
+are the same bytes, so ``decode_attention`` reads q as it is and its launch takes the quant. At S tokens they are
+not: the graph copies q into [B, Hkv, G*S, D] rows, builds a [B, 1, G*S, T] mask per step, copies the output back
+to [B, S, Hq, D] and quantizes it in a launch of its own: three launches per layer and one per step around the
+attention. The op reads q and writes o_q / scales at their own strides (row r of a kv head = head r // S, token
+r % S) and compares each row's slots with its token's position, so those launches go. Bit for bit the masked
+kernel followed by the copy and ``group_quant`` (same splits, tiles and sums; the slots after a row's position,
+which the mask zeroes, are not read).
+
+Taken only whole: the mask is that comparison of slots with one position per (batch row, token), q reaches the
+score GEMM through copies and reshapes of a [B, Hq, S, D] tensor, and the output reaches a group quant (groups
+within a head) through reshapes, copies and that one permute; anything else keeps ``decode_attention``'s masked
+form, which is what the report then shows.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Graph, Node
+
+from . import _decode_mask, _graph, _site
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+FUSED = torch.ops.fp8_fusion.decode_attention_tokens_quant.default
+_op = _graph.is_call
+_SAME_ORDER = (*_graph.RESHAPES, aten.clone.default)  # nodes that keep their input's elements in row-major order
+# The most tokens per step the form takes (the rows, G x S, are bounded by decode_attention.MAX_ROWS anyway); 1
+# keeps the masked form with its copies at every count (``benchmarks/decode.py --set
+# patterns._decode_tokens.MAX_TOKENS=1`` times the difference).
+MAX_TOKENS = 16
+
+
+def _positions(keep: Node, s4) -> tuple[Node, int, int] | None:
+    """(P, offset, S) when ``keep [B, 1, G*S, T]`` is ``iota(T) <= P [B, S, 1]`` (``<``: offset -1) laid out for
+    the G heads of a kv head, row r = (head r // S, token r % S): token s of batch row b sees slots
+    ``0..P[b, s] + offset``. None for any other mask."""
+    node = keep
+    while _op(node, *_SAME_ORDER):
+        node = node.args[0]
+    if not _op(node, aten.expand.default):
+        return None
+    wide, node = _graph.val(node), node.args[0]
+    if not (_op(node, aten.unsqueeze.default) and node.args[1] == 1):
+        return None
+    cmp = node.args[0]
+    if not (_op(cmp, *_decode_mask.COMPARES) and len(cmp.args) == 2):
+        return None
+    slot_at, offset = _decode_mask.COMPARES[cmp.target]
+    iota, pos = cmp.args[slot_at], cmp.args[1 - slot_at]
+    if not (_op(iota, prims.iota.default) and iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1):
+        return None
+    p, c = _graph.val(pos), _graph.val(cmp)
+    if not (isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool
+            and isinstance(c, torch.Tensor) and c.dim() == 3):  # fmt: skip
+        return None
+    b, r, t = s4.shape[0], s4.shape[2], s4.shape[3]
+    s = _graph.static_int(c.shape[1])
+    g = r // s if s and isinstance(r, int) and r % s == 0 else None
+    if not (g and s > 1 and _graph.shape_is(c, (b, s, t)) and _graph.shape_is(p, (b, s, 1))
+            and _graph.shape_is(wide, (b, g, s, t)) and _graph.shape_is(_graph.val(keep), (b, 1, r, t))):
+        return None
+    return pos, offset, s
+
+
+def _q_source(q3: Node, shape) -> tuple[Node, list[Node]] | None:
+    """The furthest tensor of ``shape`` ([B, Hq, S, D]) that ``q3`` is, through reshapes, copies and same-shape
+    expands (each keeps the elements' order, so q3's rows are its (head, token) pairs), and the nodes between."""
+    node, chain, found = q3, [], None
+    while True:
+        if _graph.shape_is(_graph.val(node), shape):
+            found = (node, list(chain))
+        if not (_op(node, *_SAME_ORDER) or (_op(node, aten.expand.default) and _graph.same_shape(node, node.args[0]))):
+            return found
+        chain.append(node)
+        node = node.args[0]
+
+
+def _quant_of_output(out: Node, heads_first) -> tuple[Node, list[Node]] | None:
+    """The ``group_quant`` that reads ``out`` (the attention's [B*Hkv, G*S, D] rows) as [B, S, Hq, D] through
+    reshapes and copies around one ``permute(0, 2, 1, 3)`` of its ``heads_first`` [B, Hq, S, D] view, each read by
+    the next alone; with the nodes between."""
+    node, chain, permuted = out, [], False
+    while len(node.users) == 1:
+        (user,) = node.users
+        if _op(user, _graph.GROUP_QUANT):
+            return (user, chain) if permuted else None
+        if _op(user, aten.permute.default) and not permuted:
+            if list(user.args[1]) != [0, 2, 1, 3] or not _graph.shape_is(_graph.val(node), heads_first):
+                return None
+            permuted = True
+        elif not _op(user, *_SAME_ORDER):
+            return None
+        chain.append(user)
+        node = user
+    return None
+
+
+def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | None:
+    """The token form for the match ``m`` of ``decode_attention`` whose mask is ``keep``, or None (nothing edited)
+    when the step is not that form; returns the report's detail."""
+    s4 = _graph.val(m.scores)
+    found = _positions(keep, s4)
+    if found is None:
+        return None
+    pos, offset, s = found
+    if s > MAX_TOKENS:
+        return None
+    b, r, t = s4.shape[0], s4.shape[2], s4.shape[3]
+    hq = hkv * (r // s)
+    q = _q_source(m.q3, (b, hq, s, d))
+    got = _quant_of_output(m.out, (b, hq, s, d))
+    if q is None or got is None:
+        return None
+    (q, q_chain), (quant, out_chain) = q, got
+    group, x = _site.group_size_of(quant), _graph.val(quant.args[0])
+    k = _graph.static_int(x.shape[-1])
+    sizes = _graph.reshape_sizes(x.shape[:-1])
+    if not (isinstance(group, int) and k and sizes and d % group == 0 and d & (d - 1) == 0 and k % group == 0):
+        return None
+    qs, ss = _graph.quant_outputs(quant)
+    if len(qs) + len(ss) != len(quant.users):
+        return None
+    with _graph.Edit(graph, before=m.pv) as e:
+        last = e.call(aten.reshape.default, pos, [-1, s])
+        if offset:
+            last = e.call(aten.add.Tensor, last, offset)
+        both = e.call(FUSED, q, m.k_cache, m.v_cache, last, m.scale, group)
+        o_q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), [*sizes, k])
+        scales = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*sizes, k // group])
+    for old, new in [(n, o_q) for n in qs] + [(n, scales) for n in ss]:
+        old.replace_all_uses_with(new)
+    gone = [n for n in m.nodes if n not in (m.k_cache, m.v_cache)]
+    _graph.fold_static_size_reads(gone + q_chain)
+    _graph.erase_dead(graph, [*qs, *ss, quant, *reversed(out_chain), *gone, m.mask, *q_chain])
+    return (f"{r // s} heads x {s} tokens per kv head over a {t}-slot cache, slots up to each token's position, q read "
+            "in its own layout and the output quantized in the o_proj's: one launch")
