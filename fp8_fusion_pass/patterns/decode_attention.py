@@ -11,6 +11,10 @@
         instead, where keep is ``arange(T) <= P``, one position P[b] per batch row (a decode step's causal mask):
         no mask is built or read, and no cache slot after P[b]
 
+    o_q, scales = fp8_fusion.decode_attention_tokens_quant(q [B, Hq, S, D], k_cache, v_cache, P [B, S], scale, g)
+        instead, at S > 1 tokens with a position per token whose output only the o_proj's input quant reads: q as
+        the RoPE op left it, the quantized output in the o_proj's layout, no copy of either (``_decode_tokens.py``)
+
 R is the query rows of a kv head (its G query heads x the step's tokens). Why: those are three or four launches
 and the [B, Hkv, R, T] scores written and read twice; the fused op (``kernels/triton/decode_attention.py``) reads
 the cache once, split over the keys so that batch 1 fills the GPU, in one launch. The op's numerics are closer to

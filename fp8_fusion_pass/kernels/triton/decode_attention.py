@@ -19,6 +19,11 @@ order: the result does not depend on scheduling. ``decode_attention_upto`` (the 
 at position 500 reads 501 keys. (A first pass over a mask to find its last visible key, ``trim``, was measured on
 the H200 and removed: in no batch's top 5 of the sweep, 2026-12-03.)
 
+``decode_attention_tokens_quant`` (``TOKENS`` > 1, a step verifying draft tokens) takes q as ``[B, Hq, S, D]`` at any
+strides and writes ``[B, S, Hq, D]``: row r of a kv head is head r // S at token r % S, each read and written at its
+own strides (``_row_offsets``), and each row's key loop stops at its token's position, ``last[b, r % S]``, so the
+graph's copies of q and of the output, its [B, 1, G x S, T] mask and the quant launch go.
+
 ``rope_decode_attention`` (``ROPE``, the ``rope_attention`` rewrite) starts from the step's q and k before RoPE:
 each program RoPEs its kv head's query rows (with ``NORM`` each head RMS-normed first, Qwen3's q / k norms) and the
 new k with ``rms_norm_rope``'s roundings, the program whose keys hold the new slot stores k and v there, and after a
