@@ -193,6 +193,22 @@ def test_bound_widens_to_the_compile_noise_measured_against_eager():
     assert not worse[0].ok, "20% off is beyond twice a 6% compile noise"
 
 
+def test_an_output_over_its_bound_is_held_to_exact_attention():
+    # an engine decode step: the pass's attention is closer to fp32 than the plain graph's, so with vs without may
+    # exceed the bound while the pass is the nearer to exact attention; held there, it passes; farther, it breaks
+    exact = torch.linspace(1, 2, 64)
+    without = exact * 1.06
+    outs, with_near = {"random-1": [("logits", without)]}, {"random-1": [("logits", exact * 1.004)]}
+    held = verify.check(outs, with_near, 0.05, exact={"random-1": [("logits", exact)]})
+    assert not held[0].within_bound and held[0].ok and held[0].exact == pytest.approx((0.004, 0.06), rel=1e-3)
+    assert "ok: vs exact attention 4.00e-03, without the pass 6.00e-02" in verify.render(held)
+    far = {"random-1": [("logits", exact * 1.2)]}
+    assert not verify.check(outs, far, 0.05, exact={"random-1": [("logits", exact)]})[0].ok  # 20% > 1.5 x 6%
+    assert verify.check(outs, with_near, 0.05)[0].exact is None  # no exact outputs: the bound alone
+    within = verify.check(outs, {"random-1": [("logits", without)]}, 0.05, exact={"random-1": [("logits", exact)]})
+    assert within[0].ok and within[0].exact is None  # within the bound: never compared with exact attention
+
+
 class _Double(torch.nn.Module):
     def forward(self, x):
         return x * 2

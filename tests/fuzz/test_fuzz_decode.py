@@ -60,11 +60,25 @@ def check_report(spec: DecodeSpec, capture) -> None:
             assert rejected.count(name) >= spec.model.layers, (name, report.render())
     assert applied_counts(report) == expected_counts(spec.model), report.render()
     assert unexplained(capture) == [], report.render()
+    tokens_form = sum("tokens per kv head" in d.detail for d in report.applied if d.pattern == "decode_attention")
+    if _takes_the_token_form(spec, counts):  # several static tokens, heads of whole 128-wide quant groups
+        assert tokens_form == spec.model.layers, report.render()
+    TALLY["decode attention in the token form"] += tokens_form
     TALLY["decode graphs"] += 1
     for name, n in counts.items():
         if name in ATTENTION_REWRITES and n:
             TALLY[f"decode applied {name}"] += n
     REASONS.update(d.reason for d in report.rejected)
+
+
+def _takes_the_token_form(spec: DecodeSpec, counts: dict) -> bool:
+    """An engine step of a static S > 1 tokens whose attention ``decode_attention`` took, with heads a power of two
+    wide and whole 128-wide quant groups (the o_proj's input quant): ``decode_attention_tokens_quant`` in every
+    layer, the copies of q and of the output, the mask and the quant launch gone (``patterns/_decode_tokens.py``)."""
+    d = spec.model.head_dim
+    static_tokens = spec.dynamic in ("static", "batch")
+    return (spec.model.form == "engine" and spec.tokens > 1 and static_tokens and counts.get("decode_attention")
+            and d % 128 == 0 and d & (d - 1) == 0)  # fmt: skip
 
 
 def close(name: str, without: torch.Tensor, with_pass: torch.Tensor, exact: torch.Tensor | None) -> None:
@@ -143,6 +157,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # that duck sizing ties to a static size, 2 = the kv heads, would be taken)
     spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=8, cache_len=9, steps=2, dynamic="all", tokens=3))
+@example(  # Qwen3 engine, 3 tokens per step, heads of 128: decode_attention_tokens_quant (q read as the RoPE op
+    # leaves it, a position per token, the o_proj's quant in its launch), a NaN in one token's row
+    spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="static", case="nan", tokens=3))
 @example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
     # token (rows 2 x 3), rope_attention reported (it takes one token), the three slots per row written
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
