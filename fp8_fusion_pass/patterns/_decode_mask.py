@@ -40,6 +40,23 @@ def one_row(keep: Node) -> Node:
 COMPARES = {aten.le.Tensor: (0, 0), aten.lt.Tensor: (0, -1), aten.ge.Tensor: (1, 0), aten.gt.Tensor: (1, -1)}
 
 
+def slot_compare(node: Node) -> tuple[Node, int] | None:
+    """(P, offset) when ``node`` is ``iota(T) <= P`` (``<``: offset -1; the slots on either side) with P an integer
+    tensor: slot t is seen while ``t <= P + offset``. None for anything else."""
+    if not (_graph.is_call(node, *COMPARES) and len(node.args) == 2):
+        return None
+    slot_at, offset = COMPARES[node.target]
+    iota, pos = node.args[slot_at], node.args[1 - slot_at]
+    p = _graph.val(pos)
+    if not _graph.is_call(iota, prims.iota.default):
+        return None
+    if not (iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1):  # slot t is t
+        return None
+    if not (isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool):
+        return None
+    return pos, offset
+
+
 def upto(keep: Node) -> tuple[Node, int] | None:
     """(P, offset) when ``keep [B, 1, 1, T]`` is ``iota(T) <= P`` (``<``: offset -1) with P an integer
     ``[B, 1, ..]`` (one position per batch row), read through unsqueezes: batch row b sees the slots
@@ -47,17 +64,11 @@ def upto(keep: Node) -> tuple[Node, int] | None:
     node = keep
     while _graph.is_call(node, aten.unsqueeze.default, *_graph.RESHAPES):
         node = node.args[0]
-    if not (_graph.is_call(node, *COMPARES) and len(node.args) == 2):
+    found = slot_compare(node)
+    if found is None:
         return None
-    slot_at, offset = COMPARES[node.target]
-    iota, pos = node.args[slot_at], node.args[1 - slot_at]
+    pos, offset = found
     kept, out, p = _graph.val(keep), _graph.val(node), _graph.val(pos)
-    if not _graph.is_call(iota, prims.iota.default):
-        return None
-    if not (iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1):  # slot t is t
-        return None
-    if not (isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool):
-        return None
     b, t = kept.shape[0], kept.shape[-1]
     ones = (1,) * (out.dim() - 2)
     if not (_graph.shape_is(kept, (b, 1, 1, t)) and _graph.shape_is(out, (b, *ones, t))

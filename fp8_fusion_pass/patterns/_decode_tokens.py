@@ -35,7 +35,6 @@ from torch.fx import Graph, Node
 from . import _decode_mask, _graph, _site
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 FUSED = torch.ops.fp8_fusion.decode_attention_tokens_quant.default
 _op = _graph.is_call
 _SAME_ORDER = (*_graph.RESHAPES, aten.clone.default)  # nodes that keep their input's elements in row-major order
@@ -58,15 +57,12 @@ def _positions(keep: Node, s4) -> tuple[Node, int, int] | None:
     if not (_op(node, aten.unsqueeze.default) and node.args[1] == 1):
         return None
     cmp = node.args[0]
-    if not (_op(cmp, *_decode_mask.COMPARES) and len(cmp.args) == 2):
+    found = _decode_mask.slot_compare(cmp)
+    if found is None:
         return None
-    slot_at, offset = _decode_mask.COMPARES[cmp.target]
-    iota, pos = cmp.args[slot_at], cmp.args[1 - slot_at]
-    if not (_op(iota, prims.iota.default) and iota.kwargs.get("start") == 0 and iota.kwargs.get("step") == 1):
-        return None
+    pos, offset = found
     p, c = _graph.val(pos), _graph.val(cmp)
-    if not (isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool
-            and isinstance(c, torch.Tensor) and c.dim() == 3):  # fmt: skip
+    if not (isinstance(c, torch.Tensor) and c.dim() == 3):
         return None
     b, r, t = s4.shape[0], s4.shape[2], s4.shape[3]
     s = _graph.static_int(c.shape[1])
