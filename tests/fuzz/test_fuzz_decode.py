@@ -161,6 +161,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # leaves it, a position per token, the o_proj's quant in its launch), a NaN in one token's row
     spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="static", case="nan", tokens=3))
+@example(  # Llama engine, fp16, the batch marked dynamic, 8 query heads per kv head x 2 tokens (16 rows): the token
+    # form at a symbolic batch (its reshapes by -1)
+    spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 8, 1, 128, 1, 1e-6, False, False, "fp16", False, False,
+                                ((1, 1),)), batch=5, cache_len=9, steps=2, dynamic="batch", case="outlier", tokens=2))
 @example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
     # token (rows 2 x 3), rope_attention reported (it takes one token), the three slots per row written
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
