@@ -174,10 +174,16 @@ def test_verify_of_a_decode_step_over_the_cache():
 
 
 def test_verify_holds_the_decode_attention_to_exact_attention():
-    # qwen3-tiny engine at one token, the "tiny" case: with vs without the pass 0.051 (the plain graph rounds the
-    # scores and probabilities to bf16, fp8 quants downstream), over the 0.05 bound; the pass's output 0.004 from the
-    # model with fp32 attention, the plain compile's 0.051 (CPU, 2026-12-06): ok, and the table says why
+    # qwen3-tiny engine at one token, the "tiny" case: on torch 2.13 with vs without the pass 0.051 (the plain graph
+    # rounds the scores and probabilities to bf16, fp8 quants downstream), over the 0.05 bound, and the pass's output
+    # 0.004 from the model with fp32 attention, the plain compile's 0.051 (CPU, 2026-12-06); on torch 2.11 0.034,
+    # within the bound. Either way ok, the exact-attention run made for an engine decode step, and a row held to it
+    # says so (the rule itself: test_cli_fast.py's test_an_output_over_its_bound_is_held_to_exact_attention)
     res = run_cli("verify", "qwen3-tiny", "--form", "engine", "--layers", "2", "--cache", "64", "--seq", "1",
                   "--cases", "random-1,tiny")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert re.search(r"^tiny\s+output\s.*\syes\s+ok: vs exact attention", res.stdout, re.MULTILINE), res.stdout
+    assert "eagerly with exact (fp32) attention" in res.stderr, res.stderr[-3000:]
+    row = re.search(r"^tiny\s+output\s+(\S+)\s+\S+\s+(\S+)\s.*\syes\s+(ok.*)$", res.stdout, re.MULTILINE)
+    assert row, res.stdout
+    rel, bound, verdict = float(row.group(1)), float(row.group(2)), row.group(3)
+    assert verdict == "ok" if rel <= bound else verdict.startswith("ok: vs exact attention"), row.group(0)
