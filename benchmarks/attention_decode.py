@@ -17,7 +17,11 @@ against the fp32 math reference:
   at the position): what the rewrite swaps in for the engine's ``slot <= position`` mask;
 - ``upto+quant`` / ``upto_quant``: the upto op then ``group_quant`` of its output (the o_proj's input quant, two
   launches), against ``decode_attention_upto_quant`` (one); their error is that of the dequantized output;
-- ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed.
+- ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed;
+- at several tokens (``--tokens``), with q as the RoPE op leaves it (a transposed view of [B, S, H, D]) and the
+  output laid out and quantized for the o_proj: ``masked+quant`` (what the graph ran before the token form: q copied
+  into grouped rows, the masked op, the output copied back, ``group_quant``) against ``tokens_quant``
+  (``decode_attention_tokens_quant``, one launch); their error is that of the dequantized output.
 
 ``--sweep`` times every ``AttentionConfig`` of ``SWEEP`` on the kernel alone (20 calls per CUDA graph, so the
 graph launch is not counted), per batch, and prints the best: the upto form (``--sweep-mask``: the mask form; with
@@ -46,6 +50,7 @@ from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
 ONE_TOKEN = ("fused_upto", "upto+quant", "upto_quant")  # the forms that read one position per batch row
+TOKENS = ("masked+quant", "tokens_quant")  # the forms of several tokens per row, their output the o_proj's input
 # The sweep's check of each config against fp32 attention (relative L2): the kernel rounds p and the output, ~2.3e-3
 # (as tests/tolerances.py ATTENTION_REL_L2: a wrong max, sum or merge gives > 0.1).
 CHECK_REL_ERR = 6e-3
@@ -89,8 +94,21 @@ def upto_quant(q, k_cache, v_cache, positions, scale, fused: bool):
     return torch.ops.fp8_fusion.group_quant(torch.ops.fp8_fusion.decode_attention_upto(*args), 128)
 
 
+def tokens_quant(q, k_cache, v_cache, positions, scale, one_launch: bool):
+    """``q [B, H, S, D]`` (the RoPE op's transposed view) to the o_proj's quantized input, ``[B, S, H, D]`` and its
+    scales ``[B, S, H, 1]``: ``decode_attention_tokens_quant``, or the masked op between two copies and the quant."""
+    b, h, s, d = q.shape
+    if one_launch:
+        return torch.ops.fp8_fusion.decode_attention_tokens_quant(q, k_cache, v_cache, positions, scale, 128)
+    x = fused(q, k_cache, v_cache, positions, scale).transpose(1, 2).reshape(b, s, h * d)
+    o, sc = torch.ops.fp8_fusion.group_quant(x, 128)
+    return o.reshape(b, s, h, d), sc.reshape(b, s, h, d // 128)
+
+
 def compiled(impl: str, scale: float):
     torch._dynamo.reset()
+    if impl in TOKENS:
+        return torch.compile(lambda q, kc, vc, pos: tokens_quant(q, kc, vc, pos, scale, impl == "tokens_quant"))
     if impl in ("upto+quant", "upto_quant"):
         return torch.compile(lambda q, kc, vc, pos: upto_quant(q, kc, vc, pos, scale, impl == "upto_quant"))
     if impl in ("fused", "fused_upto"):
@@ -171,7 +189,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
     p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,upto+quant,upto_quant,"
-                                      "math+pass")
+                                      "math+pass,masked+quant,tokens_quant")
     p.add_argument("--tokens", type=int, default=1, help="query tokens per row (more than one: a step verifying draft "
                    "tokens; the one-token forms fused_upto, upto+quant and upto_quant are left out)")
     p.add_argument("--heads", type=int, default=32, help="query heads (over 8 kv heads): 32 for the 8B models, 64 for "
@@ -187,7 +205,7 @@ def main(argv=None) -> int:
     dev = decode.DEVICE  # "cuda"; "cpu" where a test sets it (the table's code end to end, wall-clock times)
     bw = copy_bandwidth(dry_run=dev == "cpu")
     h, hkv, d, s = args.heads, 8, 128, args.tokens
-    impls = [i for i in args.impls.split(",") if s == 1 or i not in ONE_TOKEN]
+    impls = [i for i in args.impls.split(",") if i not in (TOKENS if s == 1 else ONE_TOKEN)]
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         g = torch.Generator(device=dev).manual_seed(batch)
@@ -200,10 +218,12 @@ def main(argv=None) -> int:
         for impl in impls:
             try:
                 fn = compiled(impl, d**-0.5)
-                graph, out = capture(fn, (q, k_cache, v_cache, positions))
+                q_in = q.transpose(1, 2).contiguous().transpose(1, 2) if impl in TOKENS else q  # as RoPE leaves it
+                graph, out = capture(fn, (q_in, k_cache, v_cache, positions))
                 us = time_replays(graph, 200) * 1e3
                 if isinstance(out, (tuple, list)):  # fp8 and its scales: the dequantized output
-                    out = (out[0].float() * out[1]).reshape(want.shape)
+                    out = out[0].float() * out[1]
+                    out = (out.transpose(1, 2) if impl in TOKENS else out).reshape(want.shape)
                 err = ((out.float() - want.float()).norm() / want.float().norm()).item()
                 rows.append([batch, impl, f"{us:.1f}", f"{roof_us:.2f}", f"{us / roof_us:.1f}x", f"{err:.1e}"])
             except Exception as e:  # report and go on: one formulation failing must not hide the others
