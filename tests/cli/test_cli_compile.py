@@ -174,16 +174,19 @@ def test_verify_of_a_decode_step_over_the_cache():
 
 
 def test_verify_holds_the_decode_attention_to_exact_attention():
-    # qwen3-tiny engine at one token, the "tiny" case: on torch 2.13 with vs without the pass 0.051 (the plain graph
-    # rounds the scores and probabilities to bf16, fp8 quants downstream), over the 0.05 bound, and the pass's output
-    # 0.004 from the model with fp32 attention, the plain compile's 0.051 (CPU, 2026-12-06); on torch 2.11 0.034,
-    # within the bound. Either way ok, the exact-attention run made for an engine decode step, and a row held to it
-    # says so (the rule itself: test_cli_fast.py's test_an_output_over_its_bound_is_held_to_exact_attention)
+    # qwen3-tiny engine at one token, the "tiny" case: with vs without the pass 0.051 on torch 2.13 (the plain graph
+    # rounds the scores and probabilities to bf16, fp8 quants downstream), over the 0.05 bound, the pass's output
+    # 0.004 from the model with fp32 attention, the plain compile's 0.051 (CPU, 2026-12-06); 0.034 on torch 2.11,
+    # within it; 0.050 on 2.12. Either way ok: within the bound, or held to the exact-attention run made for an engine
+    # decode step (the rule and its text: test_cli_fast.py's test_an_output_over_its_bound_is_held_to_exact_attention)
     res = run_cli("verify", "qwen3-tiny", "--form", "engine", "--layers", "2", "--cache", "64", "--seq", "1",
-                  "--cases", "random-1,tiny")
+                  "--cases", "random-1,tiny", "--format", "json")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "eagerly with exact (fp32) attention" in res.stderr, res.stderr[-3000:]
-    row = re.search(r"^tiny\s+output\s+(\S+)\s+\S+\s+(\S+)\s.*\syes\s+(ok.*)$", res.stdout, re.MULTILINE)
-    assert row, res.stdout
-    rel, bound, verdict = float(row.group(1)), float(row.group(2)), row.group(3)
-    assert verdict == "ok" if rel <= bound else verdict.startswith("ok: vs exact attention"), row.group(0)
+    (tiny,) = [c for c in json.loads(res.stdout)["checks"] if c["case"] == "tiny"]
+    assert tiny["ok"], tiny
+    if tiny["rel_l2"] > tiny["bound"]:
+        err, plain = tiny["exact"]
+        assert err <= max(0.05, 1.5 * plain), tiny
+    else:
+        assert tiny["exact"] is None, tiny
