@@ -22,7 +22,8 @@ which the mask zeroes, are not read).
 Taken only whole: the mask is that comparison of slots with one position per (batch row, token), q reaches the
 score GEMM through copies and reshapes of a [B, Hq, S, D] tensor, and the output reaches a group quant (groups
 within a head) through reshapes, copies and that one permute; anything else keeps ``decode_attention``'s masked
-form, which is what the report then shows.
+form, and where the mask was a position per token its report detail says which condition did not hold ("a
+position per token, but the masked form: heads of 64 do not hold whole 128-wide quant groups").
 """
 
 from __future__ import annotations
@@ -106,31 +107,42 @@ def _quant_of_output(out: Node, heads_first) -> tuple[Node, list[Node]] | None:
     return None
 
 
-def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | None:
-    """The token form for the match ``m`` of ``decode_attention`` whose mask is ``keep``, or None (nothing edited)
-    when the step is not that form; returns the report's detail."""
+class Declined(str):
+    """Why a step of several tokens with a position per token keeps the masked form: the report's words."""
+
+
+def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | Declined | None:
+    """The token form for the match ``m`` of ``decode_attention`` whose mask is ``keep``: the report's detail; or,
+    nothing edited, None where the mask is not a position per token (not a step of several tokens this form reads)
+    and ``Declined(why)`` where it is but something else keeps the masked form."""
     s4 = _graph.val(m.scores)
     found = _positions(keep, s4)
     if found is None:
         return None
     pos, offset, s = found
     if s > MAX_TOKENS:
-        return None
+        return Declined(f"{s} tokens, above _decode_tokens.MAX_TOKENS = {MAX_TOKENS}")
     b, r, t = s4.shape[0], s4.shape[2], s4.shape[3]
     hq = hkv * (r // s)
     q = _q_source(m.q3, (b, hq, s, d))
+    if q is None:
+        return Declined(f"q does not come from a [B, {hq}, {s}, {d}] tensor through copies and reshapes")
     got = _quant_of_output(m.out, (b, hq, s, d))
-    if q is None or got is None:
-        return None
+    if got is None:
+        return Declined("the output does not reach the o_proj's group quant through one [B, S, Hq, D] permute alone")
     (q, q_chain), (quant, out_chain) = q, got
     group, x = _site.group_size_of(quant), _graph.val(quant.args[0])
     k = _graph.static_int(x.shape[-1])
     sizes = _graph.reshape_sizes(x.shape[:-1])
-    if not (isinstance(group, int) and k and sizes and d % group == 0 and d & (d - 1) == 0 and k % group == 0):
-        return None
+    if not (isinstance(group, int) and d % group == 0):
+        return Declined(f"heads of {d} do not hold whole {group}-wide quant groups")
+    if d & (d - 1):
+        return Declined(f"head dim {d} is not a power of two (the kernel's one tile per head)")
+    if not (k and sizes and k % group == 0):
+        return Declined(f"the quant's input {_graph.shape_str(x=x)} has a symbolic or ungrouped last dim")
     qs, ss = _graph.quant_outputs(quant)
     if len(qs) + len(ss) != len(quant.users):
-        return None
+        return Declined("the quant's outputs are read as a tuple")
     with _graph.Edit(graph, before=m.pv) as e:
         last = e.call(aten.reshape.default, pos, [-1, s])
         if offset:

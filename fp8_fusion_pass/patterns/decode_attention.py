@@ -394,9 +394,10 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     _, hkv, t, d = kc.shape
     r = _graph.val(m.q3).shape[1]
     hkv, d = _graph.static_int(hkv), _graph.static_int(d)  # static: check() said so
+    tokens = None
     if not m.hides or _op(m.mask, aten.bitwise_not.default):  # several tokens in the engine's layouts: no copies
         tokens = _decode_tokens.rewrite(graph, m, m.mask.args[0] if m.hides else m.mask, hkv, d)
-        if tokens is not None:
+        if tokens is not None and not isinstance(tokens, _decode_tokens.Declined):
             return tokens
     upto = None
     if m.hides and _op(m.mask, aten.bitwise_not.default):
@@ -438,7 +439,8 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
             quant = " and the quant of its output" if _fold_quant(graph, o) else ""
         except Exception as e:  # noqa: BLE001 - failure isolation, as the pass does per match
             quant = f" (its output's quant stays a launch: folding it raised {type(e).__name__}: {e})"
-    return f"{r} query rows per kv head over a {t}-slot cache, {seen}, scale {m.scale:.6g}{quant}: one launch"
+    declined = f" (a position per token, but the masked form: {tokens})" if tokens is not None else ""
+    return f"{r} query rows per kv head over a {t}-slot cache, {seen}, scale {m.scale:.6g}{quant}: one launch{declined}"
 
 
 def run(graph: Graph, report) -> None:

@@ -81,6 +81,9 @@ def test_heads_narrower_than_a_quant_group_keep_the_masked_form():
     (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
     r, out = run_pass(gm, FusionConfig())
     assert count(out, TOKENS) == 0 and count(out, MASKED) == LAYERS, r.render()
+    details = [d.detail for d in r.applied if d.pattern == "decode_attention"]
+    assert all(d.endswith("(a position per token, but the masked form: heads of 64 do not hold whole 128-wide quant "
+                          "groups)") for d in details), details  # fmt: skip
 
 
 class _Step(torch.nn.Module):
@@ -134,10 +137,20 @@ def test_a_hand_written_step_is_taken():
     assert count(out, aten.bmm.default) == 0 and count(out, aten.clone.default) == 0
 
 
-@pytest.mark.parametrize("variant", ["no_quant", "also_read", "window", "one_position", "token_major"])
-def test_the_masked_form_stays_where_the_step_is_not_the_token_form(variant):
+@pytest.mark.parametrize("variant, why", [
+    ("no_quant", "the output does not reach the o_proj's group quant"),
+    ("also_read", "the output does not reach the o_proj's group quant"),
+    # not a position per token laid out (head, token): nothing to say of the token form
+    ("window", None), ("one_position", None), ("token_major", None),
+])  # fmt: skip
+def test_the_masked_form_stays_where_the_step_is_not_the_token_form(variant, why):
     # token_major at G = S = 2: the shapes alone cannot tell (token, head) rows from (head, token) ones
     (gm,) = capture(_Step(variant), *_step_inputs(s=2 if variant == "token_major" else 3))
     r, out = run_pass(gm, ALONE)
     assert r.counts()["decode_attention"] == 1 and not r.errors, r.render()
     assert count(out, TOKENS) == 0 and count(out, aten.bmm.default) == 0, r.render()
+    (detail,) = [d.detail for d in r.applied if d.pattern == "decode_attention"]
+    if why is None:
+        assert "a position per token" not in detail, detail
+    else:
+        assert f"(a position per token, but the masked form: {why}" in detail, detail
