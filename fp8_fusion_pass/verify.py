@@ -314,16 +314,7 @@ def exact_attention(model: torch.nn.Module, inputs: Any) -> contextlib.AbstractC
 
     if not isinstance(inputs, DecodeStep) or not any(isinstance(m, engine.Attention) for m in model.modules()):
         return None
-
-    @contextlib.contextmanager
-    def fp32():
-        saved, engine.DECODE_ATTENTION = engine.DECODE_ATTENTION, "fp32"
-        try:
-            yield
-        finally:
-            engine.DECODE_ATTENTION = saved
-
-    return fp32()
+    return engine.attention_impl("fp32")
 
 
 def render(checks: list[OutputCheck]) -> str:

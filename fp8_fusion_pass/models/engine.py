@@ -17,6 +17,9 @@ formulations measured at decode; the step without a cache (prefill) uses SDPA as
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -119,6 +122,20 @@ DECODE_ATTENTION = "math"
 # "fp32": the math form without its two bf16 roundings (scores and probabilities stay fp32, v widened), the exact
 # attention the fused op is held to (tests compare a model with the op against this one run eagerly).
 DECODE_ATTENTION_IMPLS = ("sdpa_mask", "sdpa_efficient", "math", "flex", "fp32")
+
+
+@contextlib.contextmanager
+def attention_impl(impl: str) -> Iterator[None]:
+    """Every engine model attends with ``impl`` (``DECODE_ATTENTION_IMPLS``) inside the block: "fp32" runs a model
+    eagerly with the exact attention the fused ``decode_attention`` is held to (``verify``, the fuzz, the GPU tests)."""
+    global DECODE_ATTENTION
+    if impl not in DECODE_ATTENTION_IMPLS:
+        raise ValueError(f"decode attention impl must be one of {DECODE_ATTENTION_IMPLS}, got {impl!r}")
+    saved, DECODE_ATTENTION = DECODE_ATTENTION, impl
+    try:
+        yield
+    finally:
+        DECODE_ATTENTION = saved
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,

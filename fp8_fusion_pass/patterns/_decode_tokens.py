@@ -111,6 +111,25 @@ class Declined(str):
     """Why a step of several tokens with a position per token keeps the masked form: the report's words."""
 
 
+def o_proj_quant(quant: Node, d) -> tuple[int, int, list, list[Node], list[Node]] | Declined:
+    """What folding the o_proj's input ``group_quant`` into an attention launch with heads ``d`` wide needs: (group,
+    the quant's last dim k, its other dims as reshape sizes, its q readers, its scale readers); or why not. The
+    kernel quantizes each head's row on its own, one tile per head: whole groups in a power-of-two head."""
+    group, x = _site.group_size_of(quant), _graph.val(quant.args[0])
+    k = _graph.static_int(x.shape[-1])
+    sizes = _graph.reshape_sizes(x.shape[:-1])
+    if not (isinstance(group, int) and isinstance(d, int) and d % group == 0):
+        return Declined(f"heads of {d} do not hold whole {group}-wide quant groups")
+    if d & (d - 1):
+        return Declined(f"head dim {d} is not a power of two (the kernel's one tile per head)")
+    if not (k and sizes and k % group == 0):
+        return Declined(f"the quant's input {_graph.shape_str(x=x)} has a symbolic or ungrouped last dim")
+    qs, ss = _graph.quant_outputs(quant)
+    if len(qs) + len(ss) != len(quant.users):
+        return Declined("the quant's outputs are read as a tuple")
+    return group, k, sizes, qs, ss
+
+
 def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | Declined | None:
     """The token form for the match ``m`` of ``decode_attention`` whose mask is ``keep``: the report's detail; or,
     nothing edited, None where the mask is not a position per token (not a step of several tokens this form reads)
@@ -131,18 +150,10 @@ def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | Declined | N
     if got is None:
         return Declined("the output does not reach the o_proj's group quant through one [B, S, Hq, D] permute alone")
     (q, q_chain), (quant, out_chain) = q, got
-    group, x = _site.group_size_of(quant), _graph.val(quant.args[0])
-    k = _graph.static_int(x.shape[-1])
-    sizes = _graph.reshape_sizes(x.shape[:-1])
-    if not (isinstance(group, int) and d % group == 0):
-        return Declined(f"heads of {d} do not hold whole {group}-wide quant groups")
-    if d & (d - 1):
-        return Declined(f"head dim {d} is not a power of two (the kernel's one tile per head)")
-    if not (k and sizes and k % group == 0):
-        return Declined(f"the quant's input {_graph.shape_str(x=x)} has a symbolic or ungrouped last dim")
-    qs, ss = _graph.quant_outputs(quant)
-    if len(qs) + len(ss) != len(quant.users):
-        return Declined("the quant's outputs are read as a tuple")
+    fold = o_proj_quant(quant, d)
+    if isinstance(fold, Declined):
+        return fold
+    group, k, sizes, qs, ss = fold
     with _graph.Edit(graph, before=m.pv) as e:
         last = e.call(aten.reshape.default, pos, [-1, s])
         if offset:

@@ -47,7 +47,7 @@ from torch.fx.experimental.symbolic_shapes import guard_int, statically_known_tr
 
 from .. import guards
 from ..kernels import ops as _ops
-from . import _decode_mask, _decode_tokens, _graph, _site
+from . import _decode_mask, _decode_tokens, _graph
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -367,15 +367,10 @@ def _fold_quant(graph: Graph, op: Node) -> bool:
     else:
         return False
     quant = next(iter(node.users))
-    group = _site.group_size_of(quant)
-    d, x = _graph.val(op).shape[-1], _graph.val(node)
-    d, k = _graph.static_int(d), _graph.static_int(x.shape[-1])
-    sizes = _graph.reshape_sizes(x.shape[:-1])
-    if not (isinstance(group, int) and d and k and sizes and d % group == 0 and d & (d - 1) == 0 and k % group == 0):
+    fold = _decode_tokens.o_proj_quant(quant, _graph.static_int(_graph.val(op).shape[-1]))
+    if isinstance(fold, _decode_tokens.Declined):
         return False
-    qs, ss = _graph.quant_outputs(quant)
-    if len(qs) + len(ss) != len(quant.users):
-        return False
+    group, k, sizes, qs, ss = fold
     with _graph.Edit(graph, before=quant) as e:
         both = e.call(FUSED_UPTO_QUANT, *op.args, group)
         q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), [*sizes, k])

@@ -181,12 +181,8 @@ class DecodeRun:
         probabilities to bf16 (tests/patterns/test_pass_gpu.py compares the same way)."""
         cache = copy.copy(self.cache)
         cache.k, cache.v = [t.clone() for t in self.cache.k], [t.clone() for t in self.cache.v]
-        saved, engine.DECODE_ATTENTION = engine.DECODE_ATTENTION, "fp32"
-        try:
-            with torch.no_grad():
-                logits = self.model(ids, positions, cache)
-        finally:
-            engine.DECODE_ATTENTION = saved
+        with torch.no_grad(), engine.attention_impl("fp32"):
+            logits = self.model(ids, positions, cache)
         return Exact(logits, cache.k + cache.v)
 
     def mark_cache_dynamic(self) -> None:

@@ -259,11 +259,8 @@ def _exact_attention(model):
     """The engine model with its decode attention in fp32 throughout (``engine``'s impl "fp32")."""
 
     def run(*args):
-        saved, engine.DECODE_ATTENTION = engine.DECODE_ATTENTION, "fp32"
-        try:
+        with engine.attention_impl("fp32"):
             return model(*args)
-        finally:
-            engine.DECODE_ATTENTION = saved
 
     return run
 
