@@ -157,19 +157,19 @@ def test_attention_impl_sets_every_models_formulation_for_its_block():
     # the "fp32" run verify, the fuzz and the GPU tests hold the fused attention to: the models attend with it inside
     # the block (the fp32 form of a bf16 step differs from the default math form's bf16 scores) and as before after
     # it, an exception included
-    from fp8_fusion_pass.models import engine
+    from fp8_fusion_pass.models import engine as engine_module
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(1, 4, 1, 64, generator=g).bfloat16()
     k_cache, v_cache = (torch.randn(1, 2, 40, 64, generator=g).bfloat16() for _ in range(2))
     positions = torch.tensor([[39]])
-    default = engine.decode_attention(q, k_cache, v_cache, positions, 0.125)
-    with engine.attention_impl("fp32"):
-        exact = engine.decode_attention(q, k_cache, v_cache, positions, 0.125)
-    assert torch.equal(exact, engine.decode_attention(q, k_cache, v_cache, positions, 0.125, "fp32"))
+    default = engine_module.decode_attention(q, k_cache, v_cache, positions, 0.125)
+    with engine_module.attention_impl("fp32"):
+        exact = engine_module.decode_attention(q, k_cache, v_cache, positions, 0.125)
+    assert torch.equal(exact, engine_module.decode_attention(q, k_cache, v_cache, positions, 0.125, "fp32"))
     assert not torch.equal(exact, default)
-    with pytest.raises(RuntimeError), engine.attention_impl("fp32"):
+    with pytest.raises(RuntimeError), engine_module.attention_impl("fp32"):
         raise RuntimeError("inside the block")
-    assert engine.DECODE_ATTENTION == "math"
-    with pytest.raises(ValueError, match="decode attention impl"), engine.attention_impl("flash"):
+    assert engine_module.DECODE_ATTENTION == "math"
+    with pytest.raises(ValueError, match="decode attention impl"), engine_module.attention_impl("flash"):
         pass
