@@ -45,7 +45,7 @@ log = logging.getLogger("fp8_fusion_pass")
 PACKAGE = pathlib.Path(__file__).resolve().parent
 # Sources whose change must change uuid(): the pass, its guards, the patterns, the op schemas and the small-M table.
 HASHED = ("fusion_pass.py", "guards.py", "config.py", "scale_semantics.py", "patterns/*.py", "kernels/ops.py",
-          "kernels/small_m.py")
+          "kernels/attention_ops.py", "kernels/small_m.py")
 
 # CustomInferenceAwareGraphPass (torch 2.12+) is told whether the graph is an inference graph; on 2.11 we ask
 # the caller's frame (see _is_inference).

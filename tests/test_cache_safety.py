@@ -117,8 +117,8 @@ def test_uuid_covers_the_pattern_sources(tmp_path, monkeypatch):
     contents, not names or mtimes."""
     files = fusion_pass.hashed_files()
     names = {str(p.relative_to(fusion_pass.PACKAGE)) for p in files}
-    assert {"fusion_pass.py", "guards.py", "config.py", "kernels/ops.py", "patterns/norm_quant.py",
-            "patterns/silu_quant.py", "patterns/dedup_quant.py"} <= names, names
+    assert {"fusion_pass.py", "guards.py", "config.py", "kernels/ops.py", "kernels/attention_ops.py",
+            "patterns/norm_quant.py", "patterns/silu_quant.py", "patterns/dedup_quant.py"} <= names, names
     base = FP8FusionPass().uuid()
     original = pathlib.Path.read_bytes
     target = fusion_pass.PACKAGE / "patterns" / "silu_quant.py"

@@ -46,7 +46,7 @@ from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import guard_int, statically_known_true
 
 from .. import guards
-from ..kernels import ops as _ops
+from ..kernels import attention_ops
 from . import _decode_mask, _decode_tokens, _graph
 
 aten = torch.ops.aten
@@ -56,7 +56,7 @@ FUSED = torch.ops.fp8_fusion.decode_attention.default
 FUSED_UPTO = torch.ops.fp8_fusion.decode_attention_upto.default
 FUSED_UPTO_QUANT = torch.ops.fp8_fusion.decode_attention_upto_quant.default
 # Query rows per kv head the rewrite takes (one MMA tile): decode, G heads x a few tokens. The op takes up to 64
-# (ops.ATTENTION_MAX_ROWS), but at 32 rows (8 tokens x 4 heads, or 4 x 8) the kernel lost to Inductor's math form at
+# (ATTENTION_MAX_ROWS), but at 32 rows (8 tokens x 4 heads, or 4 x 8) the kernel lost to Inductor's math form at
 # batch 1 / 8 (12.1 / 16.6 against 9.1 / 13.6 us; won at batch 32, 36.0 against 47.3) and the Llama-3.1-8B engine
 # step of 8 tokens at batch 8 with it was 4.667 ms against 4.629 without (H100, 2026-12-06; docs/benchmarks.md,
 # "8 query heads per kv head at batch 1"). No kernel config closes that: the sweep's best at 32 rows, kernel alone,
@@ -289,8 +289,8 @@ class Match:
                                  "prefill, or a step verifying more draft tokens (at 32 rows the kernel measured "
                                  "slower than Inductor's GEMMs and softmax at batch 1-8; patterns.decode_attention."
                                  "MAX_ROWS)")
-        if d > _ops.ATTENTION_MAX_HEAD_DIM:
-            return guards.reject("attention_not_plain", f"head dim {d} above {_ops.ATTENTION_MAX_HEAD_DIM}")
+        if d > attention_ops.ATTENTION_MAX_HEAD_DIM:
+            return guards.reject("attention_not_plain", f"head dim {d} above {attention_ops.ATTENTION_MAX_HEAD_DIM}")
         if not (_graph.shape_is(kc, (b, hkv, t, d)) and _graph.shape_is(vc, (b, hkv, t, d))):
             return guards.reject("attention_not_plain", f"keys {list(kc.shape)} / values {list(vc.shape)} are not "
                                  f"[B, Hkv, T, D] over the scores' [B, Hkv, R, T] = {list(s4.shape)}")

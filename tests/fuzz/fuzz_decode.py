@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from fp8_fusion_pass import guards, verify
 from fp8_fusion_pass.config import FusionConfig
-from fp8_fusion_pass.kernels import ops as _ops
+from fp8_fusion_pass.kernels import attention_ops
 from fp8_fusion_pass.models import engine
 from fp8_fusion_pass.models.decode_inputs import DecodeStep, static_cache
 from fp8_fusion_pass.patterns import decode_attention, rope_attention
@@ -266,7 +266,7 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         return Expected(out, candidates, set())
     if m.dtype in HALF and "decode_attention" not in off:
         candidates.add("decode_attention")
-        if rows <= decode_attention.MAX_ROWS and d <= _ops.ATTENTION_MAX_HEAD_DIM and not unbounded_tokens:
+        if rows <= decode_attention.MAX_ROWS and d <= attention_ops.ATTENTION_MAX_HEAD_DIM and not unbounded_tokens:
             out["decode_attention"] = layers
         if spec.tokens > 1 and spec.dynamic == "all":  # the token count is symbolic (rows: kv_heads_dynamic) unless
             either.add("decode_attention")  # duck sizing made it a static size it equals (3 tokens, 3 heads)

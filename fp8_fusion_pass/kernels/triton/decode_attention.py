@@ -307,7 +307,7 @@ def plan(pairs: int, t: int, sms: int, cfg: AttentionConfig = DEFAULT) -> tuple[
 
 
 def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConfig | None = None) -> torch.Tensor:
-    """``reference.decode_attention`` in one launch; inputs validated by the op (``ops.py``). ``keep`` may
+    """``reference.decode_attention`` in one launch; inputs validated by the op (``attention_ops.py``). ``keep`` may
     broadcast over the batch, the kv heads and the rows (size-1 dims read with stride 0)."""
     b, hkv, r, _ = q.shape
     keep = keep.expand(b, hkv, r, k_cache.shape[2])  # a view: broadcast dims get stride 0

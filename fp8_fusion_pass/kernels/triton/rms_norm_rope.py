@@ -206,8 +206,8 @@ def _launch(q, wq, k, wk, eps: float, cos, sin, q_out, k_out, cache=None, tile=N
 
 
 def rms_norm_rope(q, wq, k, wk, eps: float, cos, sin, tile=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reference.rms_norm_rope`` in one launch; inputs validated by the op (``ops.py``). ValueError for a head
-    size the kernel cannot take."""
+    """``reference.rms_norm_rope`` in one launch; inputs validated by the op (``attention_ops.py``). ValueError for a
+    head size the kernel cannot take."""
     b, s, hq, d = q.shape
     q_out = torch.empty((b, hq, s, d), dtype=q.dtype, device=q.device)
     k_out = torch.empty((b, k.shape[2], s, d), dtype=k.dtype, device=k.device)
