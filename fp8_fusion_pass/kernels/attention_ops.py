@@ -19,6 +19,10 @@ Outputs (``g = group_size``):
                         v_cache!, last [B], scale, g) -> (o [B,Hk,Hq/Hk,D], scale [B,Hk,Hq/Hk,D/g or 0])
                                                      (rms_norm_rope_cache / qk_rope_cache, then decode_attention_upto
                                                       and with g > 0 its quant: one launch)
+  rope_decode_attention_tokens_quant(q [B,S,Hq,D], wq?, k [B,S,Hk,D], wk?, eps, cos, sin, v [B,Hk,S,D], positions,
+                        k_cache!, v_cache!, last [B,S], scale, g) -> (o_q [B,S,Hq,D] fp8, scale [B,S,Hq,D/g])
+                                                     (rms_norm_rope_cache / qk_rope_cache, then
+                                                      decode_attention_tokens_quant: one launch)
 """
 
 from __future__ import annotations
@@ -258,23 +262,31 @@ def _(q, k_cache, v_cache, last, scale, group_size):
     return _quant_outputs(q.transpose(1, 2), group_size)  # contiguous [B, S, Hq, D] and its scales
 
 
-def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size):
-    """``rms_norm_rope_cache``'s checks (``wq`` None: ``qk_rope_cache``'s), one token, whole query heads per kv
-    head, then ``decode_attention_upto``'s (with its quant's when ``group_size`` is not 0) on the grouped q."""
+def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size,
+                          tokens=False):
+    """``rms_norm_rope_cache``'s checks (``wq`` None: ``qk_rope_cache``'s), whole query heads per kv head, then the
+    attention's on the q it RoPEs: one token, ``decode_attention_upto``'s (with its quant's when ``group_size`` is not
+    0) on the grouped q; ``tokens``, ``decode_attention_tokens_quant``'s on q as [B, Hq, S, D]. Returns that q (a
+    view)."""
     if (wq is None) != (wk is None):
         raise ValueError(f"{op}: wq and wk must both be given (Qwen3's q / k norms) or both be None (RoPE alone)")
     _check_norm_rope_cache(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache)
     _, s, hq, d = q.shape
     hkv = k_cache.shape[1]
-    if s != 1:
+    if s != 1 and not tokens:
         raise ValueError(f"{op}: one token per step (a decode step), got {s}")
     if hq == 0 or hq % hkv:
         raise ValueError(f"{op}: the query heads ({hq}) must be a positive multiple of the kv heads ({hkv})")
     if d & (d - 1) or d < 16:
         raise ValueError(f"{op}: the head dim must be a power of two of at least 16 (one tile per head), got {d}")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < (1 if tokens else 0):
+        raise ValueError(f"{op}: group_size must be {'a' if tokens else '0 (no quant) or a'} group size, got "
+                         f"{group_size!r}")  # fmt: skip
+    if tokens:
+        heads_first = q.transpose(1, 2)  # a view: the attention's [B, Hq, S, D] q
+        _check_attention_quant(op, heads_first, k_cache, v_cache, last, scale, group_size, tokens=True)
+        return heads_first
     grouped = q.squeeze(1).unflatten(1, (hkv, hq // hkv))  # a view: the attention's [B, Hkv, R, D] q, no copy
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
-        raise ValueError(f"{op}: group_size must be 0 (no quant) or a group size, got {group_size!r}")
     if group_size:
         _check_attention_quant(op, grouped, k_cache, v_cache, last, scale, group_size)
     else:
@@ -304,3 +316,25 @@ def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale, 
         return _quant_outputs(grouped, group_size)
     return torch.empty_like(grouped, memory_format=torch.contiguous_format), grouped.new_empty(
         (*grouped.shape[:3], 0), dtype=torch.float32)
+
+
+@custom_op(f"{NS}::rope_decode_attention_tokens_quant", mutates_args=("k_cache", "v_cache"))
+def rope_decode_attention_tokens_quant(q: Tensor, wq: Tensor | None, k: Tensor, wk: Tensor | None, eps: float,
+                                       cos: Tensor, sin: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor,
+                                       v_cache: Tensor, last: Tensor, scale: float, group_size: int
+                                       ) -> tuple[Tensor, Tensor]:
+    """A step of S tokens (verifying draft tokens): their RoPE (with Qwen3's q / k norms when ``wq`` / ``wk`` are
+    given), their k / v cache writes at ``positions``, the attention of token s over the slots ``0..last[b, s]`` and
+    the o_proj's input quant (``reference.rope_decode_attention_tokens``, then ``group_quant``), one launch on the
+    Triton backend. Returns ``(o_q [B, S, Hq, D] fp8, scales [B, S, Hq, D / group_size])``."""
+    _check_rope_attention("rope_decode_attention_tokens_quant", q, wq, k, wk, cos, sin, v, positions, k_cache,
+                          v_cache, last, scale, group_size, tokens=True)  # fmt: skip
+    return _kernel("rope_decode_attention_tokens_quant", q)(q, wq, k, wk, eps, cos, sin, v, positions, k_cache,
+                                                            v_cache, last, scale, group_size)  # fmt: skip
+
+
+@rope_decode_attention_tokens_quant.register_fake
+def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale, group_size):
+    _check_rope_attention("rope_decode_attention_tokens_quant", q, wq, k, wk, cos, sin, v, positions, k_cache,
+                          v_cache, last, scale, group_size, tokens=True)  # fmt: skip
+    return _quant_outputs(q, group_size)  # contiguous [B, S, Hq, D] and its scales

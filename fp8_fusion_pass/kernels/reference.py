@@ -226,3 +226,15 @@ def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_ca
     b, hq, _, d = q_out.shape
     hkv = k_cache.shape[1]
     return decode_attention_upto(q_out.reshape(b, hkv, hq // hkv, d), k_cache, v_cache, last, scale)
+
+
+def rope_decode_attention_tokens(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last,
+                                 scale: float):
+    """A step of S tokens' RoPE, cache writes and attention: ``rms_norm_rope_cache`` (``wq`` None:
+    ``qk_rope_cache``), then ``decode_attention_tokens`` on its q ``[B, Hq, S, D]`` over the caches it wrote.
+    Returns the attention output ``[B, S, Hq, D]`` (the caches are written in place)."""
+    if wq is None:
+        q_out = qk_rope_cache(q, k, cos, sin, v, positions, k_cache, v_cache)
+    else:
+        q_out = rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache)
+    return decode_attention_tokens(q_out, k_cache, v_cache, last, scale)

@@ -57,6 +57,12 @@ def rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_
     return o, o.new_empty((*o.shape[:3], 0), dtype=torch.float32)
 
 
+def rope_decode_attention_tokens_quant(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale,
+                                       group_size):
+    o = ref.rope_decode_attention_tokens(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale)
+    return group_quant(o, group_size)
+
+
 def dynamic_per_tensor_quant(out, x, scale):
     # Overwrites ``scale`` (never reads it): the scale-semantics registry records this op as "overwrites".
     q, s = ref.per_tensor_quant(x, *_fp8(x))
@@ -88,4 +94,5 @@ def kernels() -> dict:
         "decode_attention_upto_quant": decode_attention_upto_quant,
         "decode_attention_tokens_quant": decode_attention_tokens_quant,
         "rope_decode_attention": rope_decode_attention,
+        "rope_decode_attention_tokens_quant": rope_decode_attention_tokens_quant,
     }

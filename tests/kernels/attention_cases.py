@@ -63,3 +63,25 @@ def tokens_as_masked_pair(q, k, v, last, scale, group_size, attend, quant):
     keep = keep.unsqueeze(1).expand(b, hq // hkv, s, t).reshape(b, 1, hq // hkv * s, t)
     o = attend(q.reshape(b, hkv, hq // hkv * s, d), k, v, keep, scale)
     return quant(o.reshape(b, hq, s, d).transpose(1, 2).contiguous(), group_size)
+
+
+def rope_token_inputs(b, hq, hk, s, t, d, norm: bool, device="cpu", dtype=torch.bfloat16, seed=0):
+    """A step of ``s`` tokens as the engine's qkv GEMM leaves it (q / k / v strided views of one [B, S, (Hq + 2 Hk) D]
+    output), Qwen3's norm weights when ``norm``, a RoPE table row per (batch row, token), positions [B, S]
+    consecutive from a random start and two caches whose new slots hold far-off values (a read of one before its
+    write shows): ``(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache)``; each token sees up to its own
+    position (``last = positions``)."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, s, (hq + 2 * hk) * d, generator=g).to(device, dtype)
+    q = qkv[..., : hq * d].view(b, s, hq, d)
+    k = qkv[..., hq * d : (hq + hk) * d].view(b, s, hk, d)
+    v = qkv[..., (hq + hk) * d :].view(b, s, hk, d).transpose(1, 2)
+    wq, wk = ((torch.randn(d, generator=g).to(device, dtype) for _ in range(2)) if norm else (None, None))
+    angle = (torch.randn(b, s, d // 2, generator=g) * 3).repeat(1, 1, 2)
+    cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
+    k_cache = torch.randn(b, hk, t, d, generator=g).to(device, dtype)
+    v_cache = torch.randn(b, hk, t, d, generator=g).to(device, dtype)
+    pos = torch.randint(0, t - s + 1, (b, 1), generator=g) + torch.arange(s)
+    for i in range(b):
+        k_cache[i, :, pos[i]], v_cache[i, :, pos[i]] = 50.0, 1000.0
+    return q, wq, k, wk, 1e-6, cos, sin, v, pos.to(device), k_cache, v_cache

@@ -45,7 +45,7 @@ rope, norm, quant, upto, ptx = (v == "1" for v in sys.argv[1:6])
 tokens = int(sys.argv[6])
 constexprs = dict(D=128, BLOCK_R=16, BLOCK_D=128, BLOCK_T=64, SPLITS=3, BLOCK_S=4, UPTO=upto, EMULATE_CAST=False,
                   QUANT=quant, G=128, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, PTX=ptx, ROPE=rope, NORM=norm,
-                  NEW_FROM_REGISTERS=rope and not ptx, TOKENS=tokens)
+                  NEW_FROM_REGISTERS=rope and not ptx, TOKENS=tokens, BLOCK_NEW=triton.next_power_of_2(tokens))
 src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -62,6 +62,8 @@ print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir)
     (False, False, False, False, True, 1), (False, False, True, True, True, 1), (True, False, False, True, True, 1),
     (True, True, True, True, True, 1), (True, True, True, True, False, 1),  # ROCm's path (no PTX, the select)
     (False, False, True, True, True, 4),  # decode_attention_tokens_quant: rows as (head, token), a position per token
+    (True, True, True, True, True, 4), (True, False, True, True, True, 3),  # rope_decode_attention_tokens_quant
+    (True, True, True, True, False, 4),  # its ROCm path: each token's k / v row picked out of the tile in the loop
 ])  # fmt: skip
 def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx, tokens):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -1,7 +1,7 @@
-"""``rope_decode_attention``: the decode-attention kernel with the step's RoPE (Qwen3: q / k norms too) and its
-k / v cache writes in its prologue (CPU interpreter), against the two launches it stands for (the ``*_rope_cache``
-kernel, then ``decode_attention_upto``), the new slot read back after its write, slots outside the cache or after
-``last``, and the op's input checks."""
+"""``rope_decode_attention`` and ``rope_decode_attention_tokens_quant``: the decode-attention kernel with the step's
+RoPE (Qwen3: q / k norms too) and its k / v cache writes in its prologue (CPU interpreter), against the two launches
+each stands for (the ``*_rope_cache`` kernel, then ``decode_attention_upto`` or ``decode_attention_tokens_quant``),
+the new slots read back after their writes, slots outside the cache or after ``last``, and the ops' input checks."""
 
 from __future__ import annotations
 
@@ -14,17 +14,19 @@ if not torch.cuda.is_available():  # before triton is imported: triton.jit reads
 
 import pytest
 import tolerances
-from attention_cases import rel_l2, rope_inputs
+from attention_cases import rel_l2, rope_inputs, rope_token_inputs
 from elementwise_checks import KERNEL_TEST_MARKS
+from elementwise_checks import _assert_quant_close as assert_quant_close
 
 import fp8_fusion_pass.kernels.ops  # noqa: F401
-from fp8_fusion_pass.kernels import backends
+from fp8_fusion_pass.kernels import backends, reference_backend
 from fp8_fusion_pass.kernels import reference as ref
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel
 from fp8_fusion_pass.kernels.triton import rms_norm_rope
 
 pytestmark = KERNEL_TEST_MARKS
 OP = torch.ops.fp8_fusion.rope_decode_attention
+TOKENS_OP = torch.ops.fp8_fusion.rope_decode_attention_tokens_quant
 ONE_SPLIT = kernel.AttentionConfig(programs=0)
 
 
@@ -156,3 +158,75 @@ def test_op_runs_the_triton_kernel_and_checks_inputs():
         OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, 48)
     with pytest.raises(TypeError, match="1-D int32 / int64"):
         OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last.float(), 0.125, 0)
+
+
+def _token_pair(args, last, scale, group, cfg):
+    """A step of several tokens as two launches: the RoPE kernel writing the caches, then the token form on its q."""
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    if wq is None:
+        q_out = rms_norm_rope.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
+    else:
+        q_out = rms_norm_rope.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
+    return kernel.decode_attention_tokens_quant(q_out, kc, vc, last, scale, group, cfg)
+
+
+@pytest.mark.parametrize("registers", [False, True], ids=["stored", "from_registers"])
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT, kernel.AttentionConfig(block_t=16, programs=16)], ids=str)
+def test_tokens_rope_then_attention_bit_for_bit(monkeypatch, registers, cfg):
+    # 3 tokens (a tile of 4 new rows, one padding), 4 heads per kv head: rows (head, token). Row 1's last token is
+    # given as -1 (slot 99, from the end) and sees every slot; row 2's tokens straddle splits of 16 keys. The new
+    # slots held far-off values, so a read of one before its write would show; every key of a token after its own
+    # slot is a later token's, unwritten yet in eager order but written by this step: the tokens see them only up to
+    # their own position.
+    monkeypatch.setattr(kernel, "new_from_registers", lambda _: registers)
+    args = rope_token_inputs(3, 8, 2, 3, 100, 64, norm=False, seed=3)
+    args = (*args[:8], torch.tensor([[5, 6, 7], [30, 31, -1], [46, 47, 48]]), *args[9:])
+    last = torch.tensor([[5, 6, 7], [30, 31, 99], [46, 47, 48]])
+    pair_args, got_args = _clone(args), _clone(args)
+    want_o, want_s = _token_pair(pair_args, last, 0.125, 64, cfg)
+    got_o, got_s = kernel.rope_decode_attention_tokens_quant(*got_args, last, 0.125, 64, cfg)
+    assert torch.equal(got_args[9], pair_args[9]) and torch.equal(got_args[10], pair_args[10])
+    assert not torch.equal(got_args[9][1, :, 99], args[9][1, :, 99])  # the negative position's slot was written
+    assert got_o.shape == (3, 3, 8, 64) and got_s.shape == (3, 3, 8, 1)
+    assert torch.equal(got_o.view(torch.uint8), want_o.view(torch.uint8)) and torch.equal(got_s, want_s)
+
+
+@pytest.mark.parametrize("tokens", [2, 4])
+def test_tokens_qwen3_norms_rope_then_attention(tokens):
+    # with the norms the sum of squares runs in another order than the RoPE kernel's: an ulp, rarely
+    args = rope_token_inputs(2, 8, 2, tokens, 300, 128, norm=True, seed=tokens)
+    last = args[8]
+    pair_args, got_args = _clone(args), _clone(args)
+    want_o, want_s = _token_pair(pair_args, last, 128**-0.5, 128, None)  # both with the table's config
+    got_o, got_s = kernel.rope_decode_attention_tokens_quant(*got_args, last, 128**-0.5, 128)
+    assert torch.equal(got_args[10], pair_args[10])  # v is copied
+    k_diff = (got_args[9].float() - pair_args[9].float()).abs()
+    assert k_diff.max() <= 2**-7 * pair_args[9].float().abs().max()
+    assert_quant_close(got_o, got_s, want_o, want_s, scale_rel=tolerances.SCALE_REL_TOL, max_flip=0.02, max_steps=1,
+                       what="vs the pair")  # fmt: skip
+    want_o, want_s = reference_backend.group_quant(ref.rope_decode_attention_tokens(*_clone(args), last, 128**-0.5),
+                                                   128)  # the reference attention, quantized as the op does
+    assert_quant_close(got_o, got_s, want_o, want_s, scale_rel=tolerances.SCALE_REL_TOL, max_flip=0.1,
+                       max_steps=None, what="vs the reference")  # a value near 0 may cross it: the dequantized bound
+
+
+def test_tokens_op_runs_the_triton_kernel_and_checks_inputs():
+    args = rope_token_inputs(2, 8, 2, 4, 64, 64, norm=True)
+    last = args[8]
+    with backends.use_backend("triton"):
+        got_o, got_s = TOKENS_OP(*_clone(args), last, 0.125, 64)
+    with backends.use_backend("reference"):
+        want_o, want_s = TOKENS_OP(*_clone(args), last, 0.125, 64)
+    assert got_o.shape == want_o.shape == (2, 4, 8, 64) and got_s.shape == want_s.shape == (2, 4, 8, 1)
+    assert rel_l2(got_o.float() * got_s, want_o.float() * want_s) <= 1e-2
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    with pytest.raises(ValueError, match="group_size must be a group size"):
+        TOKENS_OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, 0)
+    with pytest.raises(TypeError, match="2-D int32 / int64"):
+        TOKENS_OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last[:, 0], 0.125, 64)
+    with pytest.raises(ValueError, match="both be given"):
+        TOKENS_OP(q, None, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125, 64)
+    with pytest.raises(ValueError, match="at most 64 query rows"):
+        many = [torch.cat([t] * 5, 1) for t in (q, k, cos, sin, pos, last)]
+        TOKENS_OP(many[0], wq, many[1], wk, eps, many[2], many[3], torch.cat([v] * 5, 2), many[4], kc, vc, many[5],
+                  0.125, 64)  # fmt: skip

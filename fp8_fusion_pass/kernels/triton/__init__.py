@@ -18,6 +18,7 @@ def kernels() -> dict:
         decode_attention_upto,
         decode_attention_upto_quant,
         rope_decode_attention,
+        rope_decode_attention_tokens_quant,
     )
     from .dynamic_per_tensor_quant import dynamic_per_tensor_quant
     from .group_quant import group_quant
@@ -52,4 +53,5 @@ def kernels() -> dict:
         "decode_attention_upto_quant": decode_attention_upto_quant,
         "decode_attention_tokens_quant": decode_attention_tokens_quant,
         "rope_decode_attention": rope_decode_attention,
+        "rope_decode_attention_tokens_quant": rope_decode_attention_tokens_quant,
     }

@@ -114,6 +114,14 @@ def _row_offsets(rows, TOKENS: tl.constexpr, stride_head, stride_token):
 
 
 @triton.jit
+def _row(x, rows, i):
+    """Row ``i`` of a 16-bit ``[N, D]`` tile, bit for bit: an integer sum of it and zeros (a float sum would make
+    -0.0 into 0.0)."""
+    bits = x.to(tl.int16, bitcast=True).to(tl.int32)
+    return tl.sum(tl.where((rows == i)[:, None], bits, 0), 0).to(tl.int16).to(x.dtype, bitcast=True)
+
+
+@triton.jit
 def _roped(x, x_p, w, w_p, c, s, neg, eps, AXIS: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
            DTYPE: tl.constexpr, EMULATE_CAST: tl.constexpr, PTX: tl.constexpr):
     """``rms_norm_rope``'s steps on heads laid along ``AXIS`` (fp32 ``x``; ``x_p`` / ``w_p`` at each column's RoPE
@@ -154,9 +162,10 @@ def _decode_attention_kernel(
     # TOKENS > 1: q / output / scales rows are (head, token) pairs, the token's stride apart (``_row_offsets``)
     sq_s, so_s, ssb, ssh, ssr, ss_s,
     # ROPE (``rope_decode_attention``): q_ptr is the step's q before RoPE (one token: its [B, 1, Hq, D] as [B, Hkv,
-    # R, D] strides), and the new token's k / v go into the caches at pos[b] from here (see the module docstring)
+    # R, D] strides), and the new token's k / v go into the caches at pos[b] from here (see the module docstring);
+    # with TOKENS > 1 each token's table row, k / v row and position are its stride (``*_s``) apart
     wq_ptr, wk_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr,
-    skn_b, skn_h, skn_d, svn_b, svn_h, svn_d, sc_b, sc_d, ss_b, ss_d, sp_b, eps,
+    skn_b, skn_h, skn_d, svn_b, svn_h, svn_d, sc_b, sc_d, ss_b, ss_d, sp_b, eps, skn_s, svn_s, sc_s, ssin_s, sp_s,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (batch row, kv head); above 1 they write partials, the last merges them
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
@@ -167,6 +176,7 @@ def _decode_attention_kernel(
     ROPE: tl.constexpr, NORM: tl.constexpr,  # NORM: each head RMS-normed first (Qwen3's q / k norms)
     NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)
     TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
+    BLOCK_NEW: tl.constexpr,  # TOKENS rounded up to a power of two: ROPE's tile of the step's new k / v rows
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -187,32 +197,64 @@ def _decode_attention_kernel(
         dtype = q_ptr.dtype.element_ty
         partner = (cols + D // 2) % D
         neg = cols < D // 2
-        c = to_fp32(tl.load(cos_ptr + b * sc_b + cols * sc_d), EMULATE_CAST)
-        s_ = to_fp32(tl.load(sin_ptr + b * ss_b + cols * ss_d), EMULATE_CAST)
-        wq, wq_p, wk, wk_p = c, c, c, c  # unused without NORM
+        wq, wq_p, wk, wk_p = neg, neg, neg, neg  # unused without NORM
         if NORM:
             wq = to_fp32(tl.load(wq_ptr + cols), EMULATE_CAST)
             wq_p = to_fp32(tl.load(wq_ptr + partner), EMULATE_CAST)
             wk = to_fp32(tl.load(wk_ptr + cols), EMULATE_CAST)
             wk_p = to_fp32(tl.load(wk_ptr + partner), EMULATE_CAST)
         q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
-        q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
-                   s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
-        k_row = kn_ptr + b * skn_b + h * skn_h
-        k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
-                       to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D, NORM,
-                       dtype, EMULATE_CAST, PTX)  # fmt: skip
-        v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + cols * svn_d)
-        # The new token's slot (negative counts from the end, as indexing does; outside [-T, T) nothing is written).
-        # The program whose split holds it stores k / v there and reads them back in its key loop: no other program
-        # of this (batch row, kv head) reads that slot, so no load can race the store.
-        slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
-        slot = tl.where(slot < 0, slot + T, slot)
-        mine = (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
-        write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
+        if TOKENS == 1:  # one table row for every q row, one new k / v row, one slot
+            c = to_fp32(tl.load(cos_ptr + b * sc_b + cols * sc_d), EMULATE_CAST)
+            s_ = to_fp32(tl.load(sin_ptr + b * ss_b + cols * ss_d), EMULATE_CAST)
+            q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
+                       s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+            k_row = kn_ptr + b * skn_b + h * skn_h
+            k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
+                           to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
+                           NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+            v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + cols * svn_d)
+            # The new token's slot (negative counts from the end, as indexing does; outside [-T, T) nothing is
+            # written). The program whose split holds it stores k / v there and reads them back in its key loop: no
+            # other program of this (batch row, kv head) reads that slot, so no load can race the store.
+            slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
+            slot = tl.where(slot < 0, slot + T, slot)
+            mine = (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
+            write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
+            k_dst = k_base + slot * skt + cols * skd
+            v_dst = v_base + slot * svt + cols * svd
+        else:  # S tokens: q row r takes its token's (r % S) table row; the kv head's S new k / v rows, S slots
+            tok = (rows % TOKENS)[:, None]
+            c = to_fp32(tl.load(cos_ptr + b * sc_b + tok * sc_s + cols[None, :] * sc_d), EMULATE_CAST)
+            s_ = to_fp32(tl.load(sin_ptr + b * ss_b + tok * ssin_s + cols[None, :] * ss_d), EMULATE_CAST)
+            q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c, s_,
+                       neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+            new = tl.arange(0, BLOCK_NEW)
+            new_ok = new < TOKENS
+            c = to_fp32(tl.load(cos_ptr + b * sc_b + new[:, None] * sc_s + cols[None, :] * sc_d,
+                                mask=new_ok[:, None], other=0.0), EMULATE_CAST)  # fmt: skip
+            s_ = to_fp32(tl.load(sin_ptr + b * ss_b + new[:, None] * ssin_s + cols[None, :] * ss_d,
+                                 mask=new_ok[:, None], other=0.0), EMULATE_CAST)  # fmt: skip
+            k_rows = kn_ptr + b * skn_b + h * skn_h + new[:, None] * skn_s
+            k_new = _roped(to_fp32(tl.load(k_rows + cols[None, :] * skn_d, mask=new_ok[:, None], other=0.0),
+                                   EMULATE_CAST),
+                           to_fp32(tl.load(k_rows + partner[None, :] * skn_d, mask=new_ok[:, None], other=0.0),
+                                   EMULATE_CAST),
+                           wk[None, :], wk_p[None, :], c, s_, neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST,
+                           PTX)  # fmt: skip
+            v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + new[:, None] * svn_s + cols[None, :] * svn_d,
+                            mask=new_ok[:, None], other=0.0)  # fmt: skip
+            # each token's slot as the one token's above; its owner stores it (two tokens at one slot: either's,
+            # as index_put_ with repeated indices leaves either)
+            slot = tl.load(pos_ptr + b * sp_b + new * sp_s, mask=new_ok, other=T).to(tl.int64)
+            slot = tl.where(slot < 0, slot + T, slot)
+            mine = new_ok & (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
+            write = tl.where(mine[:, None], col_ok[None, :], False)
+            k_dst = k_base + slot[:, None] * skt + cols[None, :] * skd
+            v_dst = v_base + slot[:, None] * svt + cols[None, :] * svd
         if not NEW_FROM_REGISTERS:
-            tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
-            tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
+            tl.store(k_dst, k_new, mask=write)
+            tl.store(v_dst, v_new, mask=write)
             # bar.sync: this program's stores are visible to all its threads before the key loop reads the slot
             # back (a select of the registers inside the loop, the first version, measured slower: the module
             # docstring). Off NVIDIA, where no barrier lowering promises that for global memory, the select it is,
@@ -243,9 +285,14 @@ def _decode_attention_kernel(
                     other=0.0)  # [BLOCK_D, BLOCK_T]: k^T  # fmt: skip
         v = tl.load(v_base + t[:, None] * svt + cols[None, :] * svd, mask=t_ok[:, None] & col_ok[None, :],
                     other=0.0)  # fmt: skip
-        if NEW_FROM_REGISTERS:
+        if NEW_FROM_REGISTERS and TOKENS == 1:
             k = tl.where((t == new_at)[None, :], k_new[:, None], k)
             v = tl.where((t == new_at)[:, None], v_new[None, :], v)
+        elif NEW_FROM_REGISTERS:  # token by token, in order (a later token's row wins a shared slot)
+            for i in tl.static_range(TOKENS):
+                at_i = tl.sum(tl.where(new == i, new_at, 0))
+                k = tl.where((t == at_i)[None, :], _row(k_new, new, i)[:, None], k)
+                v = tl.where((t == at_i)[:, None], _row(v_new, new, i)[None, :], v)
         s = tl.where(keep, tl.dot(q, _mma_operand(k, EMULATE_CAST)) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every exp below is 0
@@ -256,8 +303,8 @@ def _decode_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p_mma, _mma_operand(v, EMULATE_CAST))
         m_i = m_new
     if ROPE and NEW_FROM_REGISTERS:  # the loop took the new k / v from registers: the cache gets them now
-        tl.store(k_base + slot * skt + cols * skd, k_new, mask=write)
-        tl.store(v_base + slot * svt + cols * svd, v_new, mask=write)
+        tl.store(k_dst, k_new, mask=write)
+        tl.store(v_dst, v_new, mask=write)
     out_mask = row_ok[:, None] & col_ok[None, :]
     o_ptrs = o_ptr + b * sob + h * soh + _row_offsets(rows, TOKENS, sor, so_s)[:, None] + cols[None, :] * sod
     s_rows = s_ptr + b * ssb + h * ssh + _row_offsets(rows, TOKENS, ssr, ss_s)
@@ -354,7 +401,7 @@ def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_ca
     rope = {
         "args": (wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
                  k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
-                 pos_b, float(eps)),
+                 pos_b, float(eps), 0, 0, 0, 0, 0),
         "NORM": norm,
     }  # fmt: skip
     return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
@@ -368,8 +415,37 @@ def decode_attention_tokens_quant(q, k_cache, v_cache, last, scale: float, group
     Hq, D], scales [B, S, Hq, D / group_size])``, the layout the o_proj's input quant had, so no copy is made on
     either side. Each kv head's G heads x S tokens are one tile of rows, row r = (head r // S, token r % S)."""
     b, hq, s, d = q.shape
-    hkv = k_cache.shape[1]
-    g = hq // hkv
+    return _launch_tokens(q, (b, hq, s, d), q.stride(), k_cache, v_cache, last, scale, group_size, cfg)
+
+
+def rope_decode_attention_tokens_quant(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last,
+                                       scale: float, group_size: int, cfg: AttentionConfig | None = None
+                                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.rope_decode_attention_tokens`` then ``group_quant``, in one launch: the step's S tokens' q ``[B,
+    S, Hq, D]`` and k ``[B, S, Hk, D]`` (Qwen3: normed) RoPE'd, each token's k and ``v [B, Hk, S, D]`` written into
+    its cache slot ``positions[b, s]``, then ``decode_attention_tokens_quant``'s attention and quant; inputs validated
+    by the op. Returns ``(o_q [B, S, Hq, D], scales [B, S, Hq, D / group_size])``."""
+    tables = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(-1)) for t in (cos, sin)]
+    pos_b = positions.stride(0) if positions.dim() == 2 and positions.shape[0] > 1 else 0
+    norm = wq is not None
+    rope = {
+        "args": (wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
+                 k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
+                 pos_b, float(eps), k.stride(1), v.stride(2), cos.stride(1), sin.stride(1), positions.stride(-1)),
+        "NORM": norm,
+    }  # fmt: skip
+    b, s, hq, d = q.shape  # before RoPE: tokens before heads
+    strides = (q.stride(0), q.stride(2), q.stride(1), q.stride(3))
+    return _launch_tokens(q, (b, hq, s, d), strides, k_cache, v_cache, last, scale, group_size, cfg, rope)
+
+
+def _launch_tokens(q, shape, strides, k_cache, v_cache, last, scale, group_size, cfg, rope=None):
+    """The token form's launch; ``shape`` / ``strides``: q's as [B, Hq, S, D] (batch, head, token, dim). Each kv
+    head's G heads x S tokens are one tile of rows, row r = (head r // S, token r % S); the outputs are allocated
+    [B, S, Hq, D] and their scales [B, S, Hq, D / group_size]."""
+    b, hq, s, d = shape
+    sqb, sqh, sqs, sqd = strides
+    g = hq // k_cache.shape[1]
     out = torch.empty((b, s, hq, d), dtype=arch.arch_of(q.device).fp8_dtype, device=q.device)
     scales = torch.empty((b, s, hq, d // group_size), dtype=torch.float32, device=q.device)
 
@@ -377,8 +453,8 @@ def decode_attention_tokens_quant(q, k_cache, v_cache, last, scale: float, group
         return (t.stride(0), g * t.stride(2), t.stride(2), t.stride(1))
 
     return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, last.stride(1), 0), scale, cfg, upto=True,
-                   group_size=group_size, shape=(b, hkv, g * s, d),
-                   q_strides=(q.stride(0), g * q.stride(1), q.stride(1), q.stride(3)), tokens=(s, q.stride(2)),
+                   group_size=group_size, shape=(b, k_cache.shape[1], g * s, d), q_strides=(sqb, g * sqh, sqh, sqd),
+                   tokens=(s, sqs), rope=rope,
                    outputs=(out, grouped(out) + (out.stride(3),), scales, grouped(scales)))  # fmt: skip
 
 
@@ -411,7 +487,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     if splits > 1:
         part = torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=q.device)
         ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
-    rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,)
+    rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,) + (0,) * 5
     constexprs = kernel_constexprs(q.device)
     sob, soh, sor, so_s, sod = out_strides
     _decode_attention_kernel[(pairs, splits)](
@@ -424,6 +500,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
+        BLOCK_NEW=triton.next_power_of_2(tokens[0]),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
