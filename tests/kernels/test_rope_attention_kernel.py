@@ -30,13 +30,17 @@ TOKENS_OP = torch.ops.fp8_fusion.rope_decode_attention_tokens_quant
 ONE_SPLIT = kernel.AttentionConfig(programs=0)
 
 
-def _pair(args, last, scale, group, cfg):
-    """The two launches: the RoPE kernel writing the caches (in place), then the attention on its q."""
+def _rope_cache(args):
+    """The RoPE kernel writing the caches (in place); its q [B, Hq, S, D]."""
     q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
     if wq is None:
-        q_out = rms_norm_rope.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
-    else:
-        q_out = rms_norm_rope.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
+        return rms_norm_rope.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
+    return rms_norm_rope.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
+
+
+def _pair(args, last, scale, group, cfg):
+    """The two launches: the RoPE kernel writing the caches (in place), then the attention on its q."""
+    q_out, kc, vc = _rope_cache(args), args[9], args[10]
     b, hq, _, d = q_out.shape
     q4 = q_out.reshape(b, kc.shape[1], hq // kc.shape[1], d)
     if group:
@@ -162,12 +166,7 @@ def test_op_runs_the_triton_kernel_and_checks_inputs():
 
 def _token_pair(args, last, scale, group, cfg):
     """A step of several tokens as two launches: the RoPE kernel writing the caches, then the token form on its q."""
-    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
-    if wq is None:
-        q_out = rms_norm_rope.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
-    else:
-        q_out = rms_norm_rope.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
-    return kernel.decode_attention_tokens_quant(q_out, kc, vc, last, scale, group, cfg)
+    return kernel.decode_attention_tokens_quant(_rope_cache(args), args[9], args[10], last, scale, group, cfg)
 
 
 @pytest.mark.parametrize("registers", [False, True], ids=["stored", "from_registers"])

@@ -395,17 +395,21 @@ def rope_decode_attention(q, wq, k, wk, eps: float, cos, sin, v, positions, k_ca
     r = hq // hkv
     # one token: the query rows of kv head h are heads h * R .. h * R + R - 1, at q's head stride
     q_strides = (q.stride(0), r * q.stride(2), q.stride(2), q.stride(3))
+    return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
+                   group_size=group_size, shape=(b, hkv, r, d), q_strides=q_strides,
+                   rope=_rope_prologue(q, wq, k, wk, eps, cos, sin, v, positions), both=True)  # fmt: skip
+
+
+def _rope_prologue(q, wq, k, wk, eps, cos, sin, v, positions) -> dict:
+    """The RoPE prologue's kernel arguments: weights (q in their place without norms), the step's k / v, tables and
+    positions with their strides, a size-1 batch dim (one table or position row for all) read at stride 0."""
     tables = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(-1)) for t in (cos, sin)]
     pos_b = positions.stride(0) if positions.dim() == 2 and positions.shape[0] > 1 else 0
     norm = wq is not None
-    rope = {
-        "args": (wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
-                 k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
-                 pos_b, float(eps), 0, 0, 0, 0, 0),
-        "NORM": norm,
-    }  # fmt: skip
-    return _launch(q, k_cache, v_cache, last, (last.stride(0), 0, 0, 0), scale, cfg, upto=True,
-                   group_size=group_size, shape=(b, hkv, r, d), q_strides=q_strides, rope=rope, both=True)
+    args = (wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
+            k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
+            pos_b, float(eps), k.stride(1), v.stride(2), cos.stride(1), sin.stride(1), positions.stride(-1))
+    return {"args": args, "NORM": norm}
 
 
 def decode_attention_tokens_quant(q, k_cache, v_cache, last, scale: float, group_size: int,
@@ -425,15 +429,7 @@ def rope_decode_attention_tokens_quant(q, wq, k, wk, eps: float, cos, sin, v, po
     S, Hq, D]`` and k ``[B, S, Hk, D]`` (Qwen3: normed) RoPE'd, each token's k and ``v [B, Hk, S, D]`` written into
     its cache slot ``positions[b, s]``, then ``decode_attention_tokens_quant``'s attention and quant; inputs validated
     by the op. Returns ``(o_q [B, S, Hq, D], scales [B, S, Hq, D / group_size])``."""
-    tables = [(t.stride(0) if t.shape[0] > 1 else 0, t.stride(-1)) for t in (cos, sin)]
-    pos_b = positions.stride(0) if positions.dim() == 2 and positions.shape[0] > 1 else 0
-    norm = wq is not None
-    rope = {
-        "args": (wq if norm else q, wk if norm else q, k, v, cos, sin, positions,
-                 k.stride(0), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(3), *tables[0], *tables[1],
-                 pos_b, float(eps), k.stride(1), v.stride(2), cos.stride(1), sin.stride(1), positions.stride(-1)),
-        "NORM": norm,
-    }  # fmt: skip
+    rope = _rope_prologue(q, wq, k, wk, eps, cos, sin, v, positions)
     b, s, hq, d = q.shape  # before RoPE: tokens before heads
     strides = (q.stride(0), q.stride(2), q.stride(1), q.stride(3))
     return _launch_tokens(q, (b, hq, s, d), strides, k_cache, v_cache, last, scale, group_size, cfg, rope)
