@@ -1,6 +1,6 @@
 """The decode step's RoPE and KV-cache writes into its attention's launch: ``*_rope_cache`` then the attention.
 
-    before (what ``rope_cache`` and ``decode_attention`` leave at one query token)
+    before (what ``rope_cache`` and ``decode_attention`` leave at one query token; at S tokens the token form)
     af = auto_functionalized_v2(qk_rope_cache | rms_norm_rope_cache, q=.., k=.., v=.., positions=..,
                                 _all_bases=[k_cache, v_cache])
     o = decode_attention_upto(reshape(af[0], [B, Hkv, R, D]), af[1], af[2], last, scale)
@@ -10,6 +10,9 @@
     af = auto_functionalized_v2(rope_decode_attention, q=.., wq=.. or None, k=.., ..., last=last, scale=scale,
                                 group_size=g or 0, _all_bases=[k_cache, v_cache])
     o = af[0] (o_q = af[0], scales = af[1]); the new caches af[2], af[3] (their copy_ back unchanged)
+
+    at S tokens (verifying draft tokens): decode_attention_tokens_quant(af[0] [B, Hq, S, D], af[1], af[2], last [B, S],
+    scale, g) becomes rope_decode_attention_tokens_quant(q, .., last=last, ...) the same way, o_q / scales [B, S, Hq, D]
 
 Why: after the other rewrites a decode layer's attention is two launches of ours, the RoPE kernel that writes k / v
 into their slots and the attention that reads them back. Both are latency-bound at decode (1.5 us for the RoPE on
@@ -21,8 +24,9 @@ norm's sum of squares; the attention is ``decode_attention_upto``'s. Not promise
 squares in another order; on a GPU the fused kernel is compiled apart from the two it replaces), so deterministic mode
 keeps it off.
 
-Guards, each with its reason (``rope_attention_not_single``): one token per step; the RoPE op's q read by this
-attention alone, through reshapes that keep its [B, Hq, 1, D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
+Guards, each with its reason (``rope_attention_not_single``): one token per step, or the token form reading the RoPE
+op's q [B, Hq, S, D] as it is; the RoPE op's q read by this attention alone, through reshapes that keep its [B, Hq, 1,
+D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
 the caches that op wrote, whole (no view of a cache base); its outputs read one by one; a head dim the kernel takes
 (a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads
 (``unfused_pair_faster``: measured slower above). A kernel for the device (``no_fused_kernel``).
@@ -45,9 +49,11 @@ _ops = torch.ops.fp8_fusion
 aten = torch.ops.aten
 NAME = "rope_attention"
 FUSED = _ops.rope_decode_attention.default
+FUSED_TOKENS = _ops.rope_decode_attention_tokens_quant.default
 ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
 MASKED = _ops.decode_attention.default  # reads a mask, not slots up to a position: the fused kernel takes positions
-TOKENS = _ops.decode_attention_tokens_quant.default  # several tokens per step: the fused kernel RoPEs one
+TOKENS = _ops.decode_attention_tokens_quant.default  # several tokens per step (verifying draft tokens)
+QUANTIZED = (_ops.decode_attention_upto_quant.default, TOKENS)  # outputs (o_q, scales)
 ROPE_CACHE = (_ops.qk_rope_cache.default, _ops.rms_norm_rope_cache.default)
 _op = _graph.is_call
 # With Qwen3's q / k norms in the prologue, one launch measured slower above this many (batch row, kv head) pairs:
@@ -98,12 +104,10 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
 
     if att.target is MASKED:
         return no("the attention reads a mask, not every slot up to each row's position (the fused kernel's)")
-    if att.target is TOKENS:
-        return no(f"{_graph.val(att.args[0]).shape[2]} tokens per step, not one (the fused kernel RoPEs one token)")
     outs = _outputs(af)
     if len(outs) != len(af.users):
         return no("the RoPE op's outputs are read as a tuple")
-    if att.target is _ops.decode_attention_upto_quant.default and not all(_op(u, operator.getitem) for u in att.users):
+    if att.target in QUANTIZED and not all(_op(u, operator.getitem) for u in att.users):
         return no("the attention's outputs are read as a tuple")
     views = {k: v for k, v in af.kwargs.items() if k.startswith(("_k_cache_", "_v_cache_"))}
     if views != {"_k_cache_base_index": 0, "_v_cache_base_index": 1}:
@@ -116,19 +120,23 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
     q = _graph.val(af.kwargs["q"])
     q4 = _graph.val(att.args[0])
     b, s, hq, d = q.shape
-    _, hkv, r, _ = q4.shape
-    hq, d, hkv, r = (_graph.static_int(n) or n for n in (hq, d, hkv, r))  # a size fixed in this graph is an int
-    if not statically_known_true(s == 1):
+    hkv = _graph.val(att.args[1]).shape[1]
+    hq, d, hkv = (_graph.static_int(n) or n for n in (hq, d, hkv))  # a size fixed in this graph is an int
+    if att.target is TOKENS:  # the RoPE op's q [B, Hq, S, D] as it is (the token form reads any strides)
+        if not _graph.shape_is(q4, (b, hq, s, d)):
+            return no(f"the attention reads q as {tuple(q4.shape)}, not the RoPE op's [B, Hq, S, D]")
+    elif not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
+    elif not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * q4.shape[2]):
+        return no(f"q's {hq} heads are not the attention's {hkv} kv heads x {q4.shape[2]} rows")
     if not (isinstance(d, int) and d >= 16 and d & (d - 1) == 0):
         return no(f"head dim {d} is not a power of two of at least 16 (the fused kernel's one tile per head)")
-    if not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * r):
-        return no(f"q's {hq} heads are not the attention's {hkv} kv heads x {r} rows")
     if af.kwargs.get("wq") is not None and not statically_known_true(b * hkv <= MAX_NORM_PAIRS):
         return guards.reject("unfused_pair_faster", f"{b} x {hkv} (batch x kv heads) not known to be at most "
                              f"{MAX_NORM_PAIRS}, with q / k norms: measured slower in one launch above that (Qwen3-8B "
                              "at batch 64); the RoPE and the attention stay two launches")  # fmt: skip
-    return guards.can_run_kernel("rope_decode_attention", q.device)
+    return guards.can_run_kernel("rope_decode_attention_tokens_quant" if att.target is TOKENS else
+                                 "rope_decode_attention", q.device)  # fmt: skip
 
 
 def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
@@ -136,10 +144,11 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
     readers (their ``copy_`` back included) take its outputs; then a stable topological sort."""
     kw = af.kwargs
     outs = _outputs(af)
-    quant = att.target is _ops.decode_attention_upto_quant.default
+    quant = att.target in QUANTIZED
     group = att.args[5] if quant else 0
     with _graph.Edit(graph, before=att) as e:
-        new = e.call(auto_functionalized_v2, FUSED, q=kw["q"], wq=kw.get("wq"), k=kw["k"], wk=kw.get("wk"),
+        op = FUSED_TOKENS if att.target is TOKENS else FUSED
+        new = e.call(auto_functionalized_v2, op, q=kw["q"], wq=kw.get("wq"), k=kw["k"], wk=kw.get("wk"),
                      eps=kw.get("eps", 0.0), cos=kw["cos"], sin=kw["sin"], v=kw["v"], positions=kw["positions"],
                      last=att.args[3], scale=att.args[4], group_size=group, _k_cache_base_index=0,
                      _v_cache_base_index=1, _all_bases=list(kw["_all_bases"]))  # fmt: skip
@@ -155,7 +164,8 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
     _graph.erase_dead(graph, [*att.users, att, *reversed(q_chain), outs[1], outs[2], af])
     stable_topological_sort(graph)
     norm = "q / k norms, " if kw.get("wq") is not None else ""
-    return f"{norm}RoPE and the k / v cache writes in the attention's launch{' (and its quant)' if quant else ''}"
+    what = f"{norm}RoPE and the k / v cache writes in the attention's launch{' (and its quant)' if quant else ''}"
+    return what + (f" ({_graph.val(kw['q']).shape[1]} tokens per step)" if att.target is TOKENS else "")
 
 
 def run(graph: Graph, report) -> None:

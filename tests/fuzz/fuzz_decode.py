@@ -222,8 +222,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
       ``MAX_ROWS`` query rows per kv head (G heads x the step's tokens; static: under ``dynamic=True`` a
       token count above one is symbolic, and a marked one always), head dim at most the kernel's; the batch and the
       cache length may be symbolic, heads never are (a kv-head count Dynamo fixed by a guard is static);
-    - ``rope_attention``: both of the above, one token per step, a power-of-two head dim of at least 16, and with q / k
-      norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
+    - ``rope_attention``: both of the above, one token per step or the token form (``token_form``), a power-of-two
+      head dim of at least 16, and with q / k norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
     - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), at most ``GQA_MAX_QUERY_TOKENS`` tokens per
       step, static or marked with a ``max=`` (under ``dynamic=True``, or marked without one, a count above one is
@@ -274,11 +274,20 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         candidates.add("rope_attention")
         pairs_ok = m.family != "qwen3" or (not symbolic_batch and spec.batch * m.kv_heads
                                            <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
-        if spec.tokens == 1 and d >= 16 and pairs_ok:
+        if (spec.tokens == 1 or token_form(spec)) and d >= 16 and pairs_ok:
             out["rope_attention"] = layers
     if "decode_attention" in either:
         either.add("rope_attention")  # a candidate only where the attention was taken
     return Expected(out, candidates, either)
+
+
+def token_form(spec: DecodeSpec) -> bool:
+    """An engine step of a static S > 1 tokens with heads a power of two wide and whole 128-wide quant groups (the
+    o_proj's input quant): where ``decode_attention`` takes it, it is ``decode_attention_tokens_quant``, the copies
+    of q and of the output, the mask and the quant launch gone (``patterns/_decode_tokens.py``)."""
+    d = spec.model.head_dim
+    return (spec.model.form == "engine" and spec.tokens > 1 and spec.dynamic in ("static", "batch")
+            and d % 128 == 0 and _pow2(d))  # fmt: skip
 
 
 ATTENTION_REWRITES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention", "gqa_attention")

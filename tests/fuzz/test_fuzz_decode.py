@@ -18,7 +18,7 @@ import contextlib
 
 import tolerances
 import torch
-from fuzz_decode import ATTENTION_REWRITES, DecodeRun, DecodeSpec, decode_specs, expected_attention_counts
+from fuzz_decode import ATTENTION_REWRITES, DecodeRun, DecodeSpec, decode_specs, expected_attention_counts, token_form
 from fuzz_harness import Recorder, applied_counts, raw_symbols, same, unexplained
 from fuzz_models import DecoderSpec, expected_counts
 from fuzz_stats import REASONS, TALLY, profile
@@ -72,13 +72,8 @@ def check_report(spec: DecodeSpec, capture) -> None:
 
 
 def _takes_the_token_form(spec: DecodeSpec, counts: dict) -> bool:
-    """An engine step of a static S > 1 tokens whose attention ``decode_attention`` took, with heads a power of two
-    wide and whole 128-wide quant groups (the o_proj's input quant): ``decode_attention_tokens_quant`` in every
-    layer, the copies of q and of the output, the mask and the quant launch gone (``patterns/_decode_tokens.py``)."""
-    d = spec.model.head_dim
-    static_tokens = spec.dynamic in ("static", "batch")
-    return (spec.model.form == "engine" and spec.tokens > 1 and static_tokens and counts.get("decode_attention")
-            and d % 128 == 0 and d & (d - 1) == 0)  # fmt: skip
+    """``decode_attention`` took the step and it is the token form (``fuzz_decode.token_form``)."""
+    return bool(counts.get("decode_attention")) and token_form(spec)
 
 
 def close(name: str, without: torch.Tensor, with_pass: torch.Tensor, exact: torch.Tensor | None) -> None:

@@ -188,3 +188,43 @@ def test_an_attention_that_reads_a_mask_is_reported(monkeypatch):
     assert r.counts()["decode_attention"] == r.counts()["rope_cache"] == LAYERS, r.render()
     assert r.rejection_reasons().get("rope_attention_not_single") == LAYERS and _count(out, FUSED) == 0
     assert "the attention reads a mask" in r.render()
+
+
+FUSED_TOKENS = torch.ops.fp8_fusion.rope_decode_attention_tokens_quant.default
+
+
+def test_steps_of_several_tokens_rope_and_attend_in_one_launch():
+    # qwen3-tiny (heads of 128, so the token form): 4 tokens per step; the reference composes the same two ops, so
+    # bit for bit the pass without the rewrite, logits and caches
+    from test_decode_tokens import _engine_tokens
+
+    model, ids, positions, new_cache = _engine_tokens("qwen3-tiny")
+    step = lambda f, cache: f(ids, positions, cache)  # noqa: E731
+    with_it = _compiled_step(model, step, new_cache, FusionConfig())
+    without = _compiled_step(model, step, new_cache, WITHOUT)
+    assert with_it[2]["rope_attention"] == with_it[2]["decode_attention"] == LAYERS, with_it[2]
+    assert "fp8_fusion.rope_decode_attention_tokens_quant" in with_it[3] and "rope_cache.default" not in with_it[3]
+    assert "fp8_fusion.decode_attention_tokens_quant" not in with_it[3]
+    assert "fp8_fusion.decode_attention_tokens_quant" in without[3]
+    assert torch.equal(with_it[0], without[0]) and all(torch.equal(a, b) for a, b in zip(with_it[1], without[1]))
+    cache, _ = new_cache()
+    (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
+    r, out = run_pass(gm, FusionConfig())
+    fused = [n for n in out.graph.nodes if n.args and n.args[0] is FUSED_TOKENS]
+    assert len(fused) == LAYERS and {n.kwargs["group_size"] for n in fused} == {128}
+    assert list(fused[0].kwargs["last"].meta["val"].shape) == [3, 4]
+    detail = next(d.detail for d in r.applied if d.pattern == "rope_attention")
+    assert detail.endswith("(and its quant) (4 tokens per step)"), detail
+
+
+def test_steps_of_several_tokens_keep_the_norm_bound(monkeypatch):
+    # the bound on (batch row, kv head) pairs with q / k norms holds at several tokens too (measured at one)
+    from test_decode_tokens import _engine_tokens
+
+    monkeypatch.setattr(rope_attention, "MAX_NORM_PAIRS", 4)  # 3 batch rows x 2 kv heads
+    model, ids, positions, new_cache = _engine_tokens("qwen3-tiny")
+    cache, _ = new_cache()
+    (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
+    r, out = run_pass(gm, FusionConfig())
+    assert r.rejection_reasons().get("unfused_pair_faster") == LAYERS and _count(out, FUSED_TOKENS) == 0
+    assert _count(out, torch.ops.fp8_fusion.decode_attention_tokens_quant.default) == LAYERS
