@@ -23,6 +23,11 @@
 #                                               Llama-3.1-8B and Qwen3-8B, with decode_attention_tokens_quant and with
 #                                               the masked form it replaces (--set patterns._decode_tokens.MAX_TOKENS=1),
 #                                               after the op's GPU tests
+#     OUT=$OUT bash benchmarks/issue7.sh rope    steps of 4 tokens with the RoPE / cache writes in the token form's
+#                                               launch (rope_decode_attention_tokens_quant) and without (the pass minus
+#                                               rope_attention), interleaved: the op's GPU tests, the ops alone, the
+#                                               8B models' engine steps at batch 8 and 32, Qwen3-32B's 2-token steps at
+#                                               batch 1 and 8
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -66,8 +71,16 @@ case "${1:-}" in
                 "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms engine --batches 8,32 --tokens 4 \
                     --set "patterns._decode_tokens.MAX_TOKENS=$most" --json "$out/tokens_engine_max$most.json" || exit $?
             done ;;
+    rope) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py -k "rope_tokens" \
+              > "$out/rope_tests.log" 2>&1; tail -2 "$out/rope_tests.log"
+          python benchmarks/rope_attention.py --batches 8,32 --tokens 4 > "$out/rope_tokens_ops.txt" 2>&1
+          tail -6 "$out/rope_tokens_ops.txt"
+          "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms engine --batches 8,32 --tokens 4 \
+              --also=-rope_attention --json "$out/rope_tokens_engine.json" || exit $?
+          "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 2 --also=-rope_attention \
+              --json "$out/rope_tokens_32b.json" ;;  # not decode_*.json: no target counts steps of several tokens
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

@@ -1,6 +1,7 @@
 """The decode step's RoPE + KV-cache writes + attention: two launches against ``rope_decode_attention``'s one.
 
     PYTHONPATH=. python benchmarks/rope_attention.py --batches 1,8,32,64
+    PYTHONPATH=. python benchmarks/rope_attention.py --batches 8,32 --tokens 4     (a step verifying draft tokens)
 
 At 8B heads (32 query, 8 kv, head_dim 128), a ``--max-seq``-slot cache with ``--context`` slots in use, for Llama
 (RoPE alone) and Qwen3 (q / k norms first), with and without the o_proj's quant: "pair" is the RoPE kernel that
@@ -34,39 +35,46 @@ import fp8_fusion_pass.kernels.ops  # noqa: E402, F401
 ops = torch.ops.fp8_fusion
 
 
-def inputs(batch: int, norm: bool, max_seq: int, context: int, hq=32, hk=8, d=128):
-    """One token as the qkv GEMM leaves it (strided views of one output), norm weights, tables, positions, caches."""
+def inputs(batch: int, norm: bool, max_seq: int, context: int, hq=32, hk=8, d=128, tokens=1):
+    """A step of ``tokens`` as the qkv GEMM leaves it (strided views of one output), norm weights, tables, positions
+    ``context..`` per row, caches."""
     dev = decode.DEVICE  # "cuda"; "cpu" when decode.py's dry run sets it (a smoke test of this script)
     g = torch.Generator(device=dev).manual_seed(batch)
-    qkv = torch.randn(batch, 1, (hq + 2 * hk) * d, device=dev, dtype=torch.bfloat16, generator=g)
-    q = qkv[..., : hq * d].view(batch, 1, hq, d)
-    k = qkv[..., hq * d : (hq + hk) * d].view(batch, 1, hk, d)
-    v = qkv[..., (hq + hk) * d :].view(batch, 1, hk, d).transpose(1, 2)
+    qkv = torch.randn(batch, tokens, (hq + 2 * hk) * d, device=dev, dtype=torch.bfloat16, generator=g)
+    q = qkv[..., : hq * d].view(batch, tokens, hq, d)
+    k = qkv[..., hq * d : (hq + hk) * d].view(batch, tokens, hk, d)
+    v = qkv[..., (hq + hk) * d :].view(batch, tokens, hk, d).transpose(1, 2)
     w = [torch.randn(d, device=dev, dtype=torch.bfloat16, generator=g) if norm else None for _ in range(2)]
-    angle = torch.rand(batch, 1, d // 2, device=dev, generator=g).repeat(1, 1, 2) * 6
+    angle = torch.rand(batch, tokens, d // 2, device=dev, generator=g).repeat(1, 1, 2) * 6
     cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
     kc = torch.randn(batch, hk, max_seq, d, device=dev, dtype=torch.bfloat16, generator=g)
     vc = torch.randn(kc.shape, device=dev, dtype=torch.bfloat16, generator=g)
-    pos = torch.full((batch, 1), context, device=dev, dtype=torch.long)
+    pos = (context + torch.arange(tokens, device=dev)).expand(batch, tokens).contiguous()
     return q, w[0], k, w[1], 1e-6, cos, sin, v, pos, kc, vc
 
 
 def pair(args, group: int):
+    """The RoPE kernel that writes the caches, then the attention (one token: grouped rows; more: the token form)."""
     q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
     if wq is None:
         q_out = ops.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
     else:
         q_out = ops.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
-    b, hq, _, d = q_out.shape
-    q4 = q_out.reshape(b, kc.shape[1], hq // kc.shape[1], d)
+    b, hq, s, d = q_out.shape
     scale = d**-0.5
+    if s > 1:
+        return ops.decode_attention_tokens_quant(q_out, kc, vc, pos, scale, group)
+    q4 = q_out.reshape(b, kc.shape[1], hq // kc.shape[1], d)
     if group:
         return ops.decode_attention_upto_quant(q4, kc, vc, pos.view(-1), scale, group)
     return ops.decode_attention_upto(q4, kc, vc, pos.view(-1), scale), None
 
 
 def fused(args, group: int):
-    return ops.rope_decode_attention(*args, args[8].view(-1), args[0].shape[-1] ** -0.5, group)
+    scale = args[0].shape[-1] ** -0.5
+    if args[0].shape[1] > 1:
+        return ops.rope_decode_attention_tokens_quant(*args, args[8], scale, group)
+    return ops.rope_decode_attention(*args, args[8].view(-1), scale, group)
 
 
 def sweep(batches, models, heads, max_seq: int, context: int) -> None:
@@ -109,6 +117,9 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time the fused op at every attention_decode.SWEEP config")
     p.add_argument("--heads", default="32,8", help="query heads, kv heads (Qwen3-32B: 64,8)")
     p.add_argument("--models", default="llama,qwen3", help="llama (RoPE alone), qwen3 (q / k norms too)")
+    p.add_argument("--tokens", type=int, default=1, help="tokens per step; above 1 (verifying draft tokens) the "
+                   "pair is the RoPE kernel then decode_attention_tokens_quant, the fused op "
+                   "rope_decode_attention_tokens_quant (with the o_proj's quant only)")
     a = p.parse_args(argv)
     torch.set_grad_enabled(False)
     heads = tuple(int(h) for h in a.heads.split(",") if h.isdigit())
@@ -122,10 +133,10 @@ def main(argv=None) -> int:
     for batch in (int(b) for b in a.batches.split(",")):
         for model in a.models.split(","):
             norm = model == "qwen3"
-            for group in (0, 128):
+            for group in (0, 128) if a.tokens == 1 else (128,):
                 times, outs = {}, {}
                 for name, fn in (("pair", pair), ("fused", fused)):
-                    args = inputs(batch, norm, a.max_seq, a.context, *heads)
+                    args = inputs(batch, norm, a.max_seq, a.context, *heads, tokens=a.tokens)
                     outs[name] = (*fn(args, group), args[9], args[10])  # eager first: the merge counters
                     graph, _ = capture(lambda *x, fn=fn, group=group: fn(x, group), args)
                     times[name] = time_replays(graph, 200) * 1e3

@@ -35,12 +35,19 @@ def test_table_compares_the_pair_and_the_fused_op(on_cpu, capsys):
     assert all(float(r[-1]) < 1e-2 for r in rows), rows
 
 
+def test_table_at_several_tokens_compares_the_pair_and_the_token_op(on_cpu, capsys):
+    assert rope_attention.main(["--batches", "2", "--max-seq", "24", "--context", "18", "--tokens", "3"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("2 ")]
+    assert [(r[1], r[2]) for r in rows] == [("llama", "quant"), ("qwen3", "quant")], rows  # the token form quantizes
+    assert all(r[-2] == "True" for r in rows) and all(float(r[-1]) < 1e-2 for r in rows), rows
+
+
 def test_table_takes_the_heads_and_models_asked_for(on_cpu, capsys, monkeypatch):
     # Qwen3-32B's 8 query rows per kv head, scaled down: 16 query heads on 2 kv heads, the qwen3 rows alone
     seen, real = [], rope_attention.inputs
 
-    def inputs(*a):
-        out = real(*a)
+    def inputs(*a, **kw):
+        out = real(*a, **kw)
         seen.append((out[0].shape[2], out[9].shape[1]))  # (query heads, kv heads) of the inputs made
         return out
 
