@@ -75,11 +75,11 @@ def test_attention_decode_times_a_step_of_several_tokens_against_fp32(on_cpu, ca
 def test_attention_decode_times_the_token_form_against_the_masked_one(on_cpu, capsys):
     # several tokens, q as the RoPE op leaves it, the o_proj's quantized input: the masked op with its copies and
     # quant against decode_attention_tokens_quant, each dequantized and held to fp32 attention; one token: left out
-    args = ["--batches", "2", "--tokens", "3", "--heads", "16", "--impls", "masked+quant,tokens_quant", "--context",
-            "20", "--max-seq", "32"]  # fmt: skip
+    args = ["--batches", "2", "--tokens", "3", "--heads", "16", "--impls", "masked+quant,math+quant,tokens_quant",
+            "--context", "20", "--max-seq", "32"]  # fmt: skip
     assert attention_decode.main(args) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("2 ")]
-    assert sorted(r[1] for r in rows) == ["masked+quant", "tokens_quant"], rows
+    assert sorted(r[1] for r in rows) == ["masked+quant", "math+quant", "tokens_quant"], rows
     assert all(float(r[-1]) < 6e-2 for r in rows), rows  # the fp8 steps: 2.6e-2 both, on the CPU reference
     assert attention_decode.main(["--batches", "1", "--impls", "math,tokens_quant", "--context", "20",
                                   "--max-seq", "32"]) == 0  # fmt: skip
