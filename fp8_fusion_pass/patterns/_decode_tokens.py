@@ -29,6 +29,7 @@ position per token, but the masked form: heads of 64 do not hold whole 128-wide 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 from torch.fx import Graph, Node
@@ -130,10 +131,30 @@ def o_proj_quant(quant: Node, d) -> tuple[int, int, list, list[Node], list[Node]
     return group, k, sizes, qs, ss
 
 
-def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | Declined | None:
-    """The token form for the match ``m`` of ``decode_attention`` whose mask is ``keep``: the report's detail; or,
-    nothing edited, None where the mask is not a position per token (not a step of several tokens this form reads)
-    and ``Declined(why)`` where it is but something else keeps the masked form."""
+@dataclass(frozen=True)
+class Plan:
+    """What the token form of one match reads and replaces (``plan``), for ``apply``: token s of batch row b sees the
+    slots up to ``pos[b, s] + offset``; ``g`` heads x ``s`` tokens per kv head over ``t`` slots."""
+    pos: Node
+    offset: int
+    s: int
+    g: int
+    t: object
+    q: Node
+    q_chain: list
+    quant: Node
+    out_chain: list
+    group: int
+    k: int
+    sizes: list
+    qs: list
+    ss: list
+
+
+def plan(m, keep: Node, hkv: int, d: int) -> Plan | Declined | None:
+    """The token form for the match ``m`` of ``decode_attention`` whose mask is ``keep``, nothing edited: its plan;
+    None where the mask is not a position per token (not a step of several tokens this form reads) and
+    ``Declined(why)`` where it is but something else keeps the masked form."""
     s4 = _graph.val(m.scores)
     found = _positions(keep, s4)
     if found is None:
@@ -153,18 +174,28 @@ def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | Declined | N
     fold = o_proj_quant(quant, d)
     if isinstance(fold, Declined):
         return fold
-    group, k, sizes, qs, ss = fold
+    return Plan(pos, offset, s, r // s, t, q, q_chain, quant, out_chain, *fold)
+
+
+def apply(graph: Graph, m, p: Plan) -> str:
+    """The token form of ``plan``'s match: the report's detail."""
     with _graph.Edit(graph, before=m.pv) as e:
-        last = e.call(aten.reshape.default, pos, [-1, s])
-        if offset:
-            last = e.call(aten.add.Tensor, last, offset)
-        both = e.call(FUSED, q, m.k_cache, m.v_cache, last, m.scale, group)
-        o_q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), [*sizes, k])
-        scales = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*sizes, k // group])
-    for old, new in [(n, o_q) for n in qs] + [(n, scales) for n in ss]:
+        last = e.call(aten.reshape.default, p.pos, [-1, p.s])
+        if p.offset:
+            last = e.call(aten.add.Tensor, last, p.offset)
+        both = e.call(FUSED, p.q, m.k_cache, m.v_cache, last, m.scale, p.group)
+        o_q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), [*p.sizes, p.k])
+        scales = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*p.sizes, p.k // p.group])
+    for old, new in [(n, o_q) for n in p.qs] + [(n, scales) for n in p.ss]:
         old.replace_all_uses_with(new)
     gone = [n for n in m.nodes if n not in (m.k_cache, m.v_cache)]
-    _graph.fold_static_size_reads(gone + q_chain)
-    _graph.erase_dead(graph, [*qs, *ss, quant, *reversed(out_chain), *gone, m.mask, *q_chain])
-    return (f"{r // s} heads x {s} tokens per kv head over a {t}-slot cache, slots up to each token's position, q read "
-            "in its own layout and the output quantized in the o_proj's: one launch")
+    _graph.fold_static_size_reads(gone + p.q_chain)
+    _graph.erase_dead(graph, [*p.qs, *p.ss, p.quant, *reversed(p.out_chain), *gone, m.mask, *p.q_chain])
+    return (f"{p.g} heads x {p.s} tokens per kv head over a {p.t}-slot cache, slots up to each token's position, q "
+            "read in its own layout and the output quantized in the o_proj's: one launch")
+
+
+def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | Declined | None:
+    """``plan`` then ``apply``: the report's detail, or (nothing edited) ``plan``'s None / ``Declined``."""
+    found = plan(m, keep, hkv, d)
+    return apply(graph, m, found) if isinstance(found, Plan) else found
