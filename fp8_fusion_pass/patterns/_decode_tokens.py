@@ -44,6 +44,11 @@ _SAME_ORDER = (*_graph.RESHAPES, aten.clone.default)  # nodes that keep their in
 # keeps the masked form with its copies at every count (``benchmarks/decode.py --set
 # patterns._decode_tokens.MAX_TOKENS=1`` times the difference).
 MAX_TOKENS = 16
+# The most query rows per kv head (G heads x S tokens) the token form takes, where decode_attention.MAX_ROWS (the
+# masked form's bound) is lower: the kernel lost to Inductor's attention at 32 rows in the masked form, with copies
+# and a quant launch on both sides; the token form has neither. Held at the masked form's 16 until timed against
+# Inductor's attention with its copies and quant (benchmarks/attention_decode.py --impls math+quant,tokens_quant).
+MAX_ROWS = 16
 
 
 def _positions(keep: Node, s4) -> tuple[Node, int, int] | None:

@@ -284,11 +284,12 @@ class Match:
                 return guards.reject("attention_rows_dynamic", f"{r} query rows per kv head, a symbolic token count "
                                      f"({_upper(r)}): the kernel takes at most {MAX_ROWS}; a token dim marked "
                                      "dynamic with max= keeps them within it")
-        elif (r := _graph.static_int(r)) > MAX_ROWS:
+        elif (r := _graph.static_int(r)) > MAX_ROWS and not self._token_form(r, hkv, d):
             return guards.reject("attention_rows_above_decode", f"{r} query rows per kv head, above {MAX_ROWS}: a "
                                  "prefill, or a step verifying more draft tokens (at 32 rows the kernel measured "
                                  "slower than Inductor's GEMMs and softmax at batch 1-8; patterns.decode_attention."
-                                 "MAX_ROWS)")
+                                 f"MAX_ROWS; the token form takes up to _decode_tokens.MAX_ROWS = "
+                                 f"{_decode_tokens.MAX_ROWS})")
         if d > attention_ops.ATTENTION_MAX_HEAD_DIM:
             return guards.reject("attention_not_plain", f"head dim {d} above {attention_ops.ATTENTION_MAX_HEAD_DIM}")
         if not (_graph.shape_is(kc, (b, hkv, t, d)) and _graph.shape_is(vc, (b, hkv, t, d))):
@@ -308,6 +309,20 @@ class Match:
             if extra:
                 return guards.reject("attention_not_plain", f"{n.name} is also read by {extra[0].name}")
         return guards.OK
+
+
+    def token_keep(self) -> Node | None:
+        """The keep mask the token form reads (``_decode_tokens``), or None where the mask is no candidate for it."""
+        if not self.hides:
+            return self.mask
+        return self.mask.args[0] if _op(self.mask, aten.bitwise_not.default) else None
+
+    def _token_form(self, r: int, hkv: int, d: int) -> bool:
+        """Above MAX_ROWS, whether the step is the token form within its own bound (``_decode_tokens.MAX_ROWS``):
+        there no copy, mask or quant launch is left beside the attention."""
+        keep = self.token_keep()
+        return (r <= _decode_tokens.MAX_ROWS and keep is not None
+                and isinstance(_decode_tokens.plan(self, keep, hkv, d), _decode_tokens.Plan))  # fmt: skip
 
 
 def _upper(n: torch.SymInt) -> str:
@@ -390,8 +405,8 @@ def rewrite(graph: Graph, m: Match, masks: dict) -> str:
     r = _graph.val(m.q3).shape[1]
     hkv, d = _graph.static_int(hkv), _graph.static_int(d)  # static: check() said so
     tokens = None
-    if not m.hides or _op(m.mask, aten.bitwise_not.default):  # several tokens in the engine's layouts: no copies
-        tokens = _decode_tokens.rewrite(graph, m, m.mask.args[0] if m.hides else m.mask, hkv, d)
+    if m.token_keep() is not None:  # several tokens in the engine's layouts: no copies
+        tokens = _decode_tokens.rewrite(graph, m, m.token_keep(), hkv, d)
         if tokens is not None and not isinstance(tokens, _decode_tokens.Declined):
             return tokens
     upto = None

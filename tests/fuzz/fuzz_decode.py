@@ -27,7 +27,7 @@ from fp8_fusion_pass.config import FusionConfig
 from fp8_fusion_pass.kernels import attention_ops
 from fp8_fusion_pass.models import engine
 from fp8_fusion_pass.models.decode_inputs import DecodeStep, static_cache
-from fp8_fusion_pass.patterns import decode_attention, rope_attention
+from fp8_fusion_pass.patterns import _decode_tokens, decode_attention, rope_attention
 
 HALF = ("bf16", "fp16")
 # Inputs: fresh random tokens (weighted), or one of verify's pathologies in a token's embedding row: NaN in batch row
@@ -266,7 +266,9 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         return Expected(out, candidates, set())
     if m.dtype in HALF and "decode_attention" not in off:
         candidates.add("decode_attention")
-        if rows <= decode_attention.MAX_ROWS and d <= attention_ops.ATTENTION_MAX_HEAD_DIM and not unbounded_tokens:
+        # the token form has its own bound on the rows (_decode_tokens.MAX_ROWS)
+        most = max(decode_attention.MAX_ROWS, _decode_tokens.MAX_ROWS if token_form(spec) else 0)
+        if rows <= most and d <= attention_ops.ATTENTION_MAX_HEAD_DIM and not unbounded_tokens:
             out["decode_attention"] = layers
         if spec.tokens > 1 and spec.dynamic == "all":  # the token count is symbolic (rows: kv_heads_dynamic) unless
             either.add("decode_attention")  # duck sizing made it a static size it equals (3 tokens, 3 heads)

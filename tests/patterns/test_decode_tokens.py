@@ -153,3 +153,23 @@ def test_the_masked_form_stays_where_the_step_is_not_the_token_form(variant, why
         assert "a position per token" not in detail, detail
     else:
         assert f"(a position per token, but the masked form: {why}" in detail, detail
+
+
+@pytest.mark.parametrize("variant", ["", "no_quant", "window"])
+def test_the_token_form_has_its_own_rows_bound(monkeypatch, variant):
+    # above decode_attention.MAX_ROWS (scaled down here: 6 rows, 2 heads x 3 tokens, over a bound of 4) the token form
+    # is taken up to _decode_tokens.MAX_ROWS; a step the token form declines, or past its bound, keeps the GEMMs
+    from fp8_fusion_pass.patterns import decode_attention
+
+    monkeypatch.setattr(decode_attention, "MAX_ROWS", 4)
+    monkeypatch.setattr(_decode_tokens, "MAX_ROWS", 8)
+    (gm,) = capture(_Step(variant), *_step_inputs())
+    r, out = run_pass(gm, ALONE)
+    if not variant:
+        assert count(out, TOKENS) == 1 and count(out, aten.bmm.default) == 0, r.render()
+        monkeypatch.setattr(_decode_tokens, "MAX_ROWS", 4)
+        (gm,) = capture(_Step(variant), *_step_inputs())
+        r, out = run_pass(gm, ALONE)
+    assert count(out, TOKENS) == 0 and count(out, aten.bmm.default) == 2, r.render()
+    assert r.rejection_reasons().get("attention_rows_above_decode") == 1, r.render()
+    assert "6 query rows per kv head, above 4" in r.render()
