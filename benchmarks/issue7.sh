@@ -28,6 +28,10 @@
 #                                               rope_attention), interleaved: the op's GPU tests, the ops alone, the
 #                                               8B models' engine steps at batch 8 and 32, Qwen3-32B's 2-token steps at
 #                                               batch 1 and 8
+#     OUT=$OUT bash benchmarks/issue7.sh rows    steps of 8 tokens (32 rows per kv head) in the token form against
+#                                               Inductor's attention: the attention alone with its copies and quant,
+#                                               then Llama-3.1-8B engine steps at batch 1 and 8 with
+#                                               _decode_tokens.MAX_ROWS = 32 and = 16
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -79,8 +83,14 @@ case "${1:-}" in
               --also=-rope_attention --json "$out/rope_tokens_engine.json" || exit $?
           "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 2 --also=-rope_attention \
               --json "$out/rope_tokens_32b.json" ;;  # not decode_*.json: no target counts steps of several tokens
+    rows) python benchmarks/attention_decode.py --tokens 8 --heads 32 --batches 1,8,32 \
+              --impls math+quant,masked+quant,tokens_quant > "$out/rows32_ops.txt" 2>&1; tail -8 "$out/rows32_ops.txt"
+          for most in 32 16; do  # not decode_*.json: no target counts steps of several tokens
+              "${decode[@]}" --presets llama3.1-8b --forms engine --batches 1,8 --tokens 8 \
+                  --set "patterns._decode_tokens.MAX_ROWS=$most" --json "$out/rows_engine_max$most.json" || exit $?
+          done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rows|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
