@@ -229,3 +229,17 @@ def test_tokens_op_runs_the_triton_kernel_and_checks_inputs():
         many = [torch.cat([t] * 5, 1) for t in (q, k, cos, sin, pos, last)]
         TOKENS_OP(many[0], wq, many[1], wk, eps, many[2], many[3], torch.cat([v] * 5, 2), many[4], kc, vc, many[5],
                   0.125, 64)  # fmt: skip
+
+
+def test_tokens_with_one_shared_position_row_and_table():
+    # HF's cache_position [S] and one [1, S, D] table for every batch row (stride 0 over the batch), the table's D
+    # stride not 1: each token still takes its own table row and slot
+    args = rope_token_inputs(2, 4, 2, 3, 40, 32, norm=False)
+    table = torch.randn(1, 3, 96).to(torch.bfloat16)[..., ::3]
+    args = (*args[:5], table.cos(), table.sin(), args[7], torch.tensor([7, 8, 9]), *args[9:])
+    last = torch.tensor([[7, 8, 9], [7, 8, 9]])
+    pair_args, got_args = _clone(args), _clone(args)
+    want_o, want_s = _token_pair(pair_args, last, 32**-0.5, 32, kernel.DEFAULT)
+    got_o, got_s = kernel.rope_decode_attention_tokens_quant(*got_args, last, 32**-0.5, 32, kernel.DEFAULT)
+    assert torch.equal(got_args[9], pair_args[9]) and torch.equal(got_args[10], pair_args[10])
+    assert torch.equal(got_o.view(torch.uint8), want_o.view(torch.uint8)) and torch.equal(got_s, want_s)
