@@ -153,15 +153,17 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     spec=DecodeSpec(DecoderSpec("llama", "hf", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=8, cache_len=9, steps=2, dynamic="all", tokens=3))
 @example(  # Qwen3 engine, 3 tokens per step, heads of 128: decode_attention_tokens_quant (q read as the RoPE op
-    # leaves it, a position per token, the o_proj's quant in its launch), a NaN in one token's row
+    # leaves it, a position per token, the o_proj's quant in its launch), then the RoPE in that launch too
+    # (rope_decode_attention_tokens_quant, the q / k norms' prologue), a NaN in one token's row
     spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="static", case="nan", tokens=3))
 @example(  # Llama engine, fp16, the batch marked dynamic, 8 query heads per kv head x 2 tokens (16 rows): the token
-    # form at a symbolic batch (its reshapes by -1)
+    # form at a symbolic batch (its reshapes by -1; fp16, so the RoPE stays unfused and rope_attention has no candidate)
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 8, 1, 128, 1, 1e-6, False, False, "fp16", False, False,
                                 ((1, 1),)), batch=5, cache_len=9, steps=2, dynamic="batch", case="outlier", tokens=2))
 @example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
-    # token (rows 2 x 3), rope_attention reported (it takes one token), the three slots per row written
+    # token (rows 2 x 3; heads of 64, so the masked form), rope_attention reported (q read through a copy), the
+    # three slots per row written
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="static", tokens=3))
 @example(  # as the long profile found: Qwen2 engine, 2 layers, layer 1's v slot 0.057 rel L2 from the plain graph's
