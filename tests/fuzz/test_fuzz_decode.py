@@ -161,6 +161,10 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # form at a symbolic batch (its reshapes by -1; fp16, so the RoPE stays unfused and rope_attention has no candidate)
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 8, 1, 128, 1, 1e-6, False, False, "fp16", False, False,
                                 ((1, 1),)), batch=5, cache_len=9, steps=2, dynamic="batch", case="outlier", tokens=2))
+@example(  # Llama engine, bf16, the batch marked dynamic, 2 tokens per step, heads of 128: the RoPE in the token
+    # form's launch (rope_decode_attention_tokens_quant) at a symbolic batch, both layers
+    spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),)), batch=4, cache_len=12, steps=2, dynamic="batch", case="random-2", tokens=2))
 @example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
     # token (rows 2 x 3; heads of 64, so the masked form), rope_attention reported (q read through a copy), the
     # three slots per row written
