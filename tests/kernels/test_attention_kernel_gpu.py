@@ -98,6 +98,15 @@ def test_in_cuda_graph_replays_with_the_merge():
     assert int(kernel.tile_counters(q.device, 8)[:8].abs().sum()) == 0
 
 
+def _rope_cache_op(args):
+    """The RoPE op that writes the caches (Qwen3's with its norms, else Llama's), as the pass leaves it without
+    rope_attention; its q [B, Hq, S, D]."""
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    if wq is None:
+        return torch.ops.fp8_fusion.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
+    return torch.ops.fp8_fusion.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
+
+
 @pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
 @pytest.mark.parametrize("b", [1, 8, 64])
 @pytest.mark.parametrize("group", [0, 128])
@@ -111,11 +120,7 @@ def test_rope_decode_attention_is_the_rope_cache_op_then_the_attention(norm, b, 
     last = pos.view(-1)
     kc2, vc2 = kc.clone(), vc.clone()
     with backends.use_backend("triton"):
-        if norm:
-            q_out = torch.ops.fp8_fusion.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
-        else:
-            q_out = torch.ops.fp8_fusion.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
-        q4 = q_out.reshape(b, 8, 4, 128)
+        q4 = _rope_cache_op(args).reshape(b, 8, 4, 128)
         want = (torch.ops.fp8_fusion.decode_attention_upto_quant(q4, kc, vc, last, 128 ** -0.5, group) if group
                 else (UPTO(q4, kc, vc, last, 128 ** -0.5),))  # fmt: skip
         got = torch.ops.fp8_fusion.rope_decode_attention(q, wq, k, wk, eps, cos, sin, v, pos, kc2, vc2, last,
@@ -140,10 +145,7 @@ def test_rope_tokens_is_the_rope_cache_op_then_the_token_form(norm, b, hq, s):
     q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
     kc2, vc2 = kc.clone(), vc.clone()
     with backends.use_backend("triton"):
-        if norm:
-            q_out = torch.ops.fp8_fusion.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
-        else:
-            q_out = torch.ops.fp8_fusion.qk_rope_cache(q, k, cos, sin, v, pos, kc, vc)
+        q_out = _rope_cache_op(args)
         want = torch.ops.fp8_fusion.decode_attention_tokens_quant(q_out, kc, vc, pos, 128**-0.5, 128)
         got = torch.ops.fp8_fusion.rope_decode_attention_tokens_quant(q, wq, k, wk, eps, cos, sin, v, pos, kc2, vc2,
                                                                       pos, 128**-0.5, 128)  # fmt: skip
