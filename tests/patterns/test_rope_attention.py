@@ -228,3 +228,23 @@ def test_steps_of_several_tokens_keep_the_norm_bound(monkeypatch):
     r, out = run_pass(gm, FusionConfig())
     assert r.rejection_reasons().get("unfused_pair_faster") == LAYERS and _count(out, FUSED_TOKENS) == 0
     assert _count(out, torch.ops.fp8_fusion.decode_attention_tokens_quant.default) == LAYERS
+
+
+def test_a_step_of_several_tokens_whose_q_is_read_elsewhere_keeps_two_launches():
+    # the fused op never writes the RoPE'd q out: another reader of it keeps the RoPE op, with its reason
+    from test_decode_tokens import _engine_tokens
+
+    model, ids, positions, new_cache = _engine_tokens("qwen3-tiny")
+    cache, _ = new_cache()
+    (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
+    _, out = run_pass(gm, WITHOUT)
+    graph = out.graph
+    tokens = [n for n in graph.nodes if n.target is torch.ops.fp8_fusion.decode_attention_tokens_quant.default]
+    assert len(tokens) == LAYERS
+    with graph.inserting_after(tokens[0].args[0]):
+        graph.call_function(torch.ops.aten.neg.default, (tokens[0].args[0],))
+    report = report_mod.new_report()
+    rope_attention.run(graph, report)
+    assert report.rejection_reasons() == {"rope_attention_not_single": 1} and report.counts()["rope_attention"] == 1
+    assert "also read by neg" in report.render()
+    assert sum(1 for n in graph.nodes if n.args and n.args[0] is FUSED_TOKENS) == LAYERS - 1
