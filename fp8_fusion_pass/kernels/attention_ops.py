@@ -13,6 +13,8 @@ Outputs (``g = group_size``):
   decode_attention_upto(q, k_cache, v_cache, last [B] int, scale) -> o: keep = slot <= last[b], every row
   decode_attention_upto_quant(q, k_cache, v_cache, last, scale, g) -> (o_q [B,Hkv,R,D] fp8, scale [B,Hkv,R,D/g])
                                                      (group_quant of decode_attention_upto's output, one launch)
+  decode_attention_tokens(q [B,Hq,S,D], k_cache, v_cache, last [B,S] int, scale) -> o [B,S,Hq,D]
+                                                     (token s sees slots 0..last[b, s]; the engine's layouts)
   decode_attention_tokens_quant(q [B,Hq,S,D], k_cache, v_cache, last [B,S] int, scale, g)
                         -> (o_q [B,S,Hq,D] fp8, scale [B,S,Hq,D/g])   (token s sees slots 0..last[b, s]; quantized)
   rope_decode_attention(q [B,1,Hq,D], wq?, k [B,1,Hk,D], wk?, eps, cos, sin, v [B,Hk,1,D], positions, k_cache!,
@@ -243,6 +245,21 @@ def decode_attention_upto_quant(q: Tensor, k_cache: Tensor, v_cache: Tensor, las
 def _(q, k_cache, v_cache, last, scale, group_size):
     _check_attention_quant("decode_attention_upto_quant", q, k_cache, v_cache, last, scale, group_size)
     return _quant_outputs(q, group_size)
+
+
+@custom_op(f"{NS}::decode_attention_tokens", mutates_args=())
+def decode_attention_tokens(q: Tensor, k_cache: Tensor, v_cache: Tensor, last: Tensor, scale: float) -> Tensor:
+    """``decode_attention_tokens_quant`` without the quant, for an o_proj that reads q's dtype (bf16, or a per-tensor
+    quant of its own): ``o [B, S, Hq, D]`` in q's dtype (``reference.decode_attention_tokens``), one launch on the
+    Triton backend."""
+    _check_decode_attention("decode_attention_tokens", q, k_cache, v_cache, scale, last=last, tokens=True)
+    return _kernel("decode_attention_tokens", q)(q, k_cache, v_cache, last, scale)
+
+
+@decode_attention_tokens.register_fake
+def _(q, k_cache, v_cache, last, scale):
+    _check_decode_attention("decode_attention_tokens", q, k_cache, v_cache, scale, last=last, tokens=True)
+    return torch.empty_like(q.transpose(1, 2), memory_format=torch.contiguous_format)  # [B, S, Hq, D]
 
 
 @custom_op(f"{NS}::decode_attention_tokens_quant", mutates_args=())

@@ -282,4 +282,5 @@ UNFUSED = ("rms_norm", "add_rms_norm", "silu_and_mul", "group_quant", "blockscal
 FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_quant", "blockscale_mm_grouped",
          "blockscale_mm_silu_mul_group_quant", "group_quant_blockscale_mm", "rms_norm_rope", "rms_norm_rope_cache",
          "qk_rope", "qk_rope_cache", "decode_attention", "decode_attention_upto", "decode_attention_upto_quant",
-         "decode_attention_tokens_quant", "rope_decode_attention", "rope_decode_attention_tokens_quant")  # fmt: skip
+         "decode_attention_tokens", "decode_attention_tokens_quant", "rope_decode_attention",
+         "rope_decode_attention_tokens_quant")  # fmt: skip

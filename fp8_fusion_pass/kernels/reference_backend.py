@@ -92,6 +92,7 @@ def kernels() -> dict:
         "decode_attention": ref.decode_attention,
         "decode_attention_upto": ref.decode_attention_upto,
         "decode_attention_upto_quant": decode_attention_upto_quant,
+        "decode_attention_tokens": ref.decode_attention_tokens,
         "decode_attention_tokens_quant": decode_attention_tokens_quant,
         "rope_decode_attention": rope_decode_attention,
         "rope_decode_attention_tokens_quant": rope_decode_attention_tokens_quant,

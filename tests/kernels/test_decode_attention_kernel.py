@@ -257,3 +257,25 @@ def test_tokens_quant_op_runs_the_triton_kernel_and_checks_inputs():
         op(*token_inputs(1, 1, 8, 9, 64, 128)[:4], scale, 128)
     with pytest.raises(ValueError, match="multiple of the group size"):
         op(q, k, v, last, scale, 96)
+
+
+@pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT], ids=str)
+@pytest.mark.parametrize("b, hkv, g, s, t, d", [(2, 2, 4, 4, 64, 128), (1, 2, 2, 3, 40, 64), (3, 1, 8, 2, 100, 96)])
+def test_tokens_without_the_quant_is_the_masked_op_and_the_copy(cfg, b, hkv, g, s, t, d):
+    # decode_attention_tokens: the token form for an o_proj that takes q's dtype (any head dim, no groups): the masked
+    # kernel on the copied q, then the copy back to [B, S, Hq, D], bit for bit
+    q, k, v, last, scale = token_inputs(b, hkv, g, s, t, d)
+    got = kernel.decode_attention_tokens(q, k, v, last, scale, cfg)
+    masked = functools.partial(kernel.decode_attention, cfg=cfg)
+    keep = torch.arange(t) <= last.unsqueeze(-1)
+    keep = keep.unsqueeze(1).expand(b, g, s, t).reshape(b, 1, g * s, t)
+    want = masked(q.reshape(b, hkv, g * s, d), k, v, keep, scale).reshape(b, hkv * g, s, d).transpose(1, 2)
+    assert got.shape == (b, s, hkv * g, d) and got.dtype == q.dtype and got.is_contiguous()
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)) and torch.equal(got.isnan(), want.isnan())
+    from fp8_fusion_pass.kernels import backends
+
+    with backends.use_backend("triton"):
+        op = torch.ops.fp8_fusion.decode_attention_tokens(q, k, v, last, scale)
+    ok = ~want.isnan()
+    assert torch.equal(op.isnan(), want.isnan())
+    assert rel_l2(op[ok], ref.decode_attention_tokens(q, k, v, last, scale)[ok]) <= tolerances.ATTENTION_REL_L2

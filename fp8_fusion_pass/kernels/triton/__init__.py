@@ -14,6 +14,7 @@ def kernels() -> dict:
     from .blockscale_mm_silu_quant import blockscale_mm_silu_mul_group_quant
     from .decode_attention import (
         decode_attention,
+        decode_attention_tokens,
         decode_attention_tokens_quant,
         decode_attention_upto,
         decode_attention_upto_quant,
@@ -51,6 +52,7 @@ def kernels() -> dict:
         "decode_attention": decode_attention,
         "decode_attention_upto": decode_attention_upto,
         "decode_attention_upto_quant": decode_attention_upto_quant,
+        "decode_attention_tokens": decode_attention_tokens,
         "decode_attention_tokens_quant": decode_attention_tokens_quant,
         "rope_decode_attention": rope_decode_attention,
         "rope_decode_attention_tokens_quant": rope_decode_attention_tokens_quant,

@@ -422,6 +422,14 @@ def decode_attention_tokens_quant(q, k_cache, v_cache, last, scale: float, group
     return _launch_tokens(q, (b, hq, s, d), q.stride(), k_cache, v_cache, last, scale, group_size, cfg)
 
 
+def decode_attention_tokens(q, k_cache, v_cache, last, scale: float, cfg: AttentionConfig | None = None
+                            ) -> torch.Tensor:
+    """``reference.decode_attention_tokens`` in one launch: ``decode_attention_tokens_quant`` without the quant (an
+    o_proj that takes q's dtype, or quantizes per tensor), ``o [B, S, Hq, D]`` in q's dtype."""
+    b, hq, s, d = q.shape
+    return _launch_tokens(q, (b, hq, s, d), q.stride(), k_cache, v_cache, last, scale, 0, cfg)  # out alone
+
+
 def rope_decode_attention_tokens_quant(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last,
                                        scale: float, group_size: int, cfg: AttentionConfig | None = None
                                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,12 +446,14 @@ def rope_decode_attention_tokens_quant(q, wq, k, wk, eps: float, cos, sin, v, po
 def _launch_tokens(q, shape, strides, k_cache, v_cache, last, scale, group_size, cfg, rope=None):
     """The token form's launch; ``shape`` / ``strides``: q's as [B, Hq, S, D] (batch, head, token, dim). Each kv
     head's G heads x S tokens are one tile of rows, row r = (head r // S, token r % S); the outputs are allocated
-    [B, S, Hq, D] and their scales [B, S, Hq, D / group_size]."""
+    [B, S, Hq, D] and their scales [B, S, Hq, D / group_size] (``group_size`` 0: the output in q's dtype, no
+    scales)."""
     b, hq, s, d = shape
     sqb, sqh, sqs, sqd = strides
     g = hq // k_cache.shape[1]
-    out = torch.empty((b, s, hq, d), dtype=arch.arch_of(q.device).fp8_dtype, device=q.device)
-    scales = torch.empty((b, s, hq, d // group_size), dtype=torch.float32, device=q.device)
+    dtype = arch.arch_of(q.device).fp8_dtype if group_size else q.dtype
+    out = torch.empty((b, s, hq, d), dtype=dtype, device=q.device)
+    scales = torch.empty((b, s, hq, d // group_size if group_size else 0), dtype=torch.float32, device=q.device)
 
     def grouped(t):  # a [B, S, Hq, X] tensor's strides as (batch, kv head, head of the group, token)
         return (t.stride(0), g * t.stride(2), t.stride(2), t.stride(1))
