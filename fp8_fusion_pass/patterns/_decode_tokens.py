@@ -38,6 +38,7 @@ from . import _decode_mask, _graph, _site
 
 aten = torch.ops.aten
 FUSED = torch.ops.fp8_fusion.decode_attention_tokens_quant.default
+FUSED_PLAIN = torch.ops.fp8_fusion.decode_attention_tokens.default  # no group quant after the output to fold
 _op = _graph.is_call
 _SAME_ORDER = (*_graph.RESHAPES, aten.clone.default)  # nodes that keep their input's elements in row-major order
 # The most tokens per step the form takes (the rows, G x S, are bounded by decode_attention.MAX_ROWS anyway); 1
@@ -93,10 +94,12 @@ def _q_source(q3: Node, shape) -> tuple[Node, list[Node]] | None:
         node = node.args[0]
 
 
-def _quant_of_output(out: Node, heads_first) -> tuple[Node, list[Node]] | None:
-    """The ``group_quant`` that reads ``out`` (the attention's [B*Hkv, G*S, D] rows) as [B, S, Hq, D] through
-    reshapes and copies around one ``permute(0, 2, 1, 3)`` of its ``heads_first`` [B, Hq, S, D] view, each read by
-    the next alone; with the nodes between."""
+def _output_layout(out: Node, heads_first) -> tuple[Node | None, list[Node]] | None:
+    """How the step's output reaches the o_proj: ``out`` (the attention's [B*Hkv, G*S, D] rows) through reshapes and
+    copies around one ``permute(0, 2, 1, 3)`` of its ``heads_first`` [B, Hq, S, D] view, each read by the next
+    alone, to the ``group_quant`` that reads it as [B, S, Hq, D] (the quant, the nodes between) or, where no group
+    quant follows, to the last of those nodes (None, the nodes: the last holds [B, S, Hq, D]'s values in some
+    shape). None where no such permute comes first."""
     node, chain, permuted = out, [], False
     while len(node.users) == 1:
         (user,) = node.users
@@ -107,10 +110,10 @@ def _quant_of_output(out: Node, heads_first) -> tuple[Node, list[Node]] | None:
                 return None
             permuted = True
         elif not _op(user, *_SAME_ORDER):
-            return None
+            break
         chain.append(user)
         node = user
-    return None
+    return (None, chain) if permuted else None
 
 
 class Declined(str):
@@ -147,13 +150,14 @@ class Plan:
     t: object
     q: Node
     q_chain: list
-    quant: Node
     out_chain: list
-    group: int
-    k: int
-    sizes: list
-    qs: list
-    ss: list
+    quant: Node | None  # None: decode_attention_tokens, its output in place of out_chain's last node
+    group: int = 0
+    k: int = 0
+    sizes: list = ()
+    qs: list = ()
+    ss: list = ()
+    kept: str = ""  # why a group quant after the output stays a launch of its own
 
 
 def plan(m, keep: Node, hkv: int, d: int) -> Plan | Declined | None:
@@ -172,14 +176,17 @@ def plan(m, keep: Node, hkv: int, d: int) -> Plan | Declined | None:
     q = _q_source(m.q3, (b, hq, s, d))
     if q is None:
         return Declined(f"q does not come from a [B, {hq}, {s}, {d}] tensor through copies and reshapes")
-    got = _quant_of_output(m.out, (b, hq, s, d))
+    got = _output_layout(m.out, (b, hq, s, d))
     if got is None:
-        return Declined("the output does not reach the o_proj's group quant through one [B, S, Hq, D] permute alone")
+        return Declined("the output does not reach the o_proj through one [B, S, Hq, D] permute alone")
     (q, q_chain), (quant, out_chain) = q, got
-    fold = o_proj_quant(quant, d)
-    if isinstance(fold, Declined):
-        return fold
-    return Plan(pos, offset, s, r // s, t, q, q_chain, quant, out_chain, *fold)
+    fold = o_proj_quant(quant, d) if quant is not None else Declined("")
+    if isinstance(fold, Declined):  # the output in q's dtype; a group quant after it (reading out_chain's last
+        # node) stays a launch of its own
+        if _graph.reshape_sizes(_graph.val(out_chain[-1]).shape) is None:
+            return Declined("the output's layout after the permute has more than one symbolic size")
+        return Plan(pos, offset, s, r // s, t, q, q_chain, out_chain, None, kept=str(fold))
+    return Plan(pos, offset, s, r // s, t, q, q_chain, out_chain, quant, *fold)
 
 
 def apply(graph: Graph, m, p: Plan) -> str:
@@ -188,16 +195,27 @@ def apply(graph: Graph, m, p: Plan) -> str:
         last = e.call(aten.reshape.default, p.pos, [-1, p.s])
         if p.offset:
             last = e.call(aten.add.Tensor, last, p.offset)
-        both = e.call(FUSED, p.q, m.k_cache, m.v_cache, last, m.scale, p.group)
-        o_q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), [*p.sizes, p.k])
-        scales = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*p.sizes, p.k // p.group])
-    for old, new in [(n, o_q) for n in p.qs] + [(n, scales) for n in p.ss]:
+        if p.quant is None:
+            end = p.out_chain[-1]
+            o = e.call(FUSED_PLAIN, p.q, m.k_cache, m.v_cache, last, m.scale)
+            replaced = [(end, e.call(aten.reshape.default, o, _graph.reshape_sizes(_graph.val(end).shape)))]
+        else:
+            both = e.call(FUSED, p.q, m.k_cache, m.v_cache, last, m.scale, p.group)
+            o_q = e.call(aten.reshape.default, e.call(operator.getitem, both, 0), [*p.sizes, p.k])
+            scales = e.call(aten.reshape.default, e.call(operator.getitem, both, 1), [*p.sizes, p.k // p.group])
+            replaced = [(n, o_q) for n in p.qs] + [(n, scales) for n in p.ss]
+    for old, new in replaced:
         old.replace_all_uses_with(new)
     gone = [n for n in m.nodes if n not in (m.k_cache, m.v_cache)]
     _graph.fold_static_size_reads(gone + p.q_chain)
-    _graph.erase_dead(graph, [*p.qs, *p.ss, p.quant, *reversed(p.out_chain), *gone, m.mask, *p.q_chain])
+    quant = [*p.qs, *p.ss, p.quant] if p.quant is not None else []
+    _graph.erase_dead(graph, [*quant, *reversed(p.out_chain), *gone, m.mask, *p.q_chain])
+    where = "and the output quantized in the o_proj's"
+    if p.quant is None:
+        where = "and the output written in the o_proj's, in q's dtype" + (f" (its quant stays a launch: {p.kept})"
+                                                                         if p.kept else "")  # fmt: skip
     return (f"{p.g} heads x {p.s} tokens per kv head over a {p.t}-slot cache, slots up to each token's position, q "
-            "read in its own layout and the output quantized in the o_proj's: one launch")
+            f"read in its own layout {where}: one launch")
 
 
 def rewrite(graph: Graph, m, keep: Node, hkv: int, d: int) -> str | Declined | None:

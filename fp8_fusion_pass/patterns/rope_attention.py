@@ -53,6 +53,7 @@ FUSED_TOKENS = _ops.rope_decode_attention_tokens_quant.default
 ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
 MASKED = _ops.decode_attention.default  # reads a mask, not slots up to a position: the fused kernel takes positions
 TOKENS = _ops.decode_attention_tokens_quant.default  # several tokens per step (verifying draft tokens)
+TOKENS_PLAIN = _ops.decode_attention_tokens.default  # the same without the quant: the fused kernel quantizes
 QUANTIZED = (_ops.decode_attention_upto_quant.default, TOKENS)  # outputs (o_q, scales)
 ROPE_CACHE = (_ops.qk_rope_cache.default, _ops.rms_norm_rope_cache.default)
 _op = _graph.is_call
@@ -104,6 +105,9 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
 
     if att.target is MASKED:
         return no("the attention reads a mask, not every slot up to each row's position (the fused kernel's)")
+    if att.target is TOKENS_PLAIN:
+        return no("the step's output is not quantized in its launch (no group quant of whole heads after it); the "
+                  "fused kernel at several tokens writes the quantized form only")
     outs = _outputs(af)
     if len(outs) != len(af.users):
         return no("the RoPE op's outputs are read as a tuple")
@@ -169,7 +173,7 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
 
 
 def run(graph: Graph, report) -> None:
-    for att in [n for n in graph.nodes if _op(n, *ATTENTION, MASKED, TOKENS)]:
+    for att in [n for n in graph.nodes if _op(n, *ATTENTION, MASKED, TOKENS, TOKENS_PLAIN)]:
         af, q_chain = _rope_q(att)
         if af is None:
             af = _rope_q_through_copies(att)

@@ -166,8 +166,8 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=4, cache_len=12, steps=2, dynamic="batch", case="random-2", tokens=2))
 @example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
-    # token (rows 2 x 3; heads of 64, so the masked form), rope_attention reported (q read through a copy), the
-    # three slots per row written
+    # token (rows 2 x 3; heads of 64, so the token form without the quant, which stays its own launch),
+    # rope_attention reported (the fused kernel writes the quantized form only), the three slots per row written
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="static", tokens=3))
 @example(  # as the long profile found: Qwen2 engine, 2 layers, layer 1's v slot 0.057 rel L2 from the plain graph's

@@ -22,6 +22,7 @@ from fp8_fusion_pass.patterns import _decode_tokens
 aten = torch.ops.aten
 ops = torch.ops.fp8_fusion
 TOKENS = ops.decode_attention_tokens_quant.default
+PLAIN = ops.decode_attention_tokens.default
 MASKED = ops.decode_attention.default
 ALONE = dataclasses.replace(FUSIONS_ONLY, decode_attention=True)
 NO_ROPE = FusionConfig(rope_attention=False)  # the token form as it is (rope_attention takes it into the RoPE's launch)
@@ -42,15 +43,17 @@ def _engine_tokens(preset, tokens=4):
     return m, ids, positions, new_cache
 
 
-def test_a_step_of_several_tokens_is_the_masked_form_bit_for_bit(monkeypatch):
-    model, ids, positions, new_cache = _engine_tokens("qwen3-tiny")
+@pytest.mark.parametrize("preset, op", [("qwen3-tiny", "decode_attention_tokens_quant"),
+                                        ("llama-tiny", "decode_attention_tokens.default")])  # heads of 64: no quant
+def test_a_step_of_several_tokens_is_the_masked_form_bit_for_bit(monkeypatch, preset, op):
+    model, ids, positions, new_cache = _engine_tokens(preset)
     step = lambda f, cache: f(ids, positions, cache)  # noqa: E731
     with_it = _compiled_step(model, step, new_cache, NO_ROPE)
     monkeypatch.setattr(_decode_tokens, "MAX_TOKENS", 1)
     masked = _compiled_step(model, step, new_cache, NO_ROPE)
     assert with_it[2]["decode_attention"] == masked[2]["decode_attention"] == LAYERS, with_it[2]
-    assert "fp8_fusion.decode_attention_tokens_quant" in with_it[3]
-    assert "fp8_fusion.decode_attention_tokens_quant" not in masked[3]
+    assert f"fp8_fusion.{op}" in with_it[3]
+    assert "fp8_fusion.decode_attention_tokens" not in masked[3]
     assert "fp8_fusion.decode_attention.default(" in masked[3]
     assert torch.equal(with_it[0], masked[0])  # same attention, same quant, no copy in between
     assert all(torch.equal(a, b) for a, b in zip(with_it[1], masked[1]))
@@ -73,16 +76,19 @@ def test_the_copies_the_mask_and_the_quant_launch_go():
     assert count(out, ops.group_quant.default) == 0
 
 
-def test_heads_narrower_than_a_quant_group_keep_the_masked_form():
-    # llama-tiny's heads are 64 wide: a 128-wide quant group spans two heads, which no attention row holds
+def test_heads_narrower_than_a_quant_group_keep_the_quant_apart():
+    # llama-tiny's heads are 64 wide: a 128-wide quant group spans two heads, which no attention row holds; the
+    # token form without the quant still reads q and writes the output in their layouts, the quant its own launch
     model, ids, positions, new_cache = _engine_tokens("llama-tiny")
     cache, _ = new_cache()
     (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
     r, out = run_pass(gm, FusionConfig())
-    assert count(out, TOKENS) == 0 and count(out, MASKED) == LAYERS, r.render()
+    assert count(out, PLAIN) == LAYERS and count(out, TOKENS) == count(out, MASKED) == 0, r.render()
+    assert count(out, aten.le.Tensor) == 0  # no mask
     details = [d.detail for d in r.applied if d.pattern == "decode_attention"]
-    assert all(d.endswith("(a position per token, but the masked form: heads of 64 do not hold whole 128-wide quant "
-                          "groups)") for d in details), details  # fmt: skip
+    assert all(d.endswith("in q's dtype (its quant stays a launch: heads of 64 do not hold whole 128-wide quant "
+                          "groups): one launch") for d in details), details  # fmt: skip
+    assert "the step's output is not quantized in its launch" in r.render()  # rope_attention's reason
 
 
 class _Step(torch.nn.Module):
@@ -137,8 +143,6 @@ def test_a_hand_written_step_is_taken():
 
 
 @pytest.mark.parametrize("variant, why", [
-    ("no_quant", "the output does not reach the o_proj's group quant"),
-    ("also_read", "the output does not reach the o_proj's group quant"),
     # not a position per token laid out (head, token): nothing to say of the token form
     ("window", None), ("one_position", None), ("token_major", None),
 ])  # fmt: skip
@@ -155,6 +159,20 @@ def test_the_masked_form_stays_where_the_step_is_not_the_token_form(variant, why
         assert f"(a position per token, but the masked form: {why}" in detail, detail
 
 
+@pytest.mark.parametrize("variant", ["no_quant", "also_read"])
+def test_without_a_quant_to_fold_the_output_is_written_in_the_o_projs_layout(variant):
+    # a bf16 o_proj (no quant after the output), or the output read by more than its quant: decode_attention_tokens
+    # in place of the copies and the mask, the output's readers reading it reshaped (values: the kernel test, and
+    # llama-tiny's whole steps above, bit for bit the masked form)
+    (gm,) = capture(_Step(variant), *_step_inputs())
+    r, out = run_pass(gm, ALONE)
+    assert count(out, PLAIN) == 1 and count(out, TOKENS) == count(out, MASKED) == 0, r.render()
+    assert count(out, aten.bmm.default) == 0 and count(out, aten.clone.default) == 0, r.render()
+    assert count(out, ops.group_quant.default) == (variant == "also_read")
+    (detail,) = [d.detail for d in r.applied if d.pattern == "decode_attention"]
+    assert "the output written in the o_proj's, in q's dtype: one launch" in detail, detail
+
+
 @pytest.mark.parametrize("variant", ["", "no_quant", "window"])
 def test_the_token_form_has_its_own_rows_bound(monkeypatch, variant):
     # above decode_attention.MAX_ROWS (scaled down here: 6 rows, 2 heads x 3 tokens, over a bound of 4) the token form
@@ -165,11 +183,11 @@ def test_the_token_form_has_its_own_rows_bound(monkeypatch, variant):
     monkeypatch.setattr(_decode_tokens, "MAX_ROWS", 8)
     (gm,) = capture(_Step(variant), *_step_inputs())
     r, out = run_pass(gm, ALONE)
-    if not variant:
-        assert count(out, TOKENS) == 1 and count(out, aten.bmm.default) == 0, r.render()
+    if variant != "window":
+        assert count(out, TOKENS) + count(out, PLAIN) == 1 and count(out, aten.bmm.default) == 0, r.render()
         monkeypatch.setattr(_decode_tokens, "MAX_ROWS", 4)
         (gm,) = capture(_Step(variant), *_step_inputs())
         r, out = run_pass(gm, ALONE)
-    assert count(out, TOKENS) == 0 and count(out, aten.bmm.default) == 2, r.render()
+    assert count(out, TOKENS) + count(out, PLAIN) == 0 and count(out, aten.bmm.default) == 2, r.render()
     assert r.rejection_reasons().get("attention_rows_above_decode") == 1, r.render()
     assert "6 query rows per kv head, above 4" in r.render()
