@@ -81,6 +81,22 @@ def test_tokens_quant_is_the_masked_pair(b, g, s):
     assert rel_l2(got[ok], want[ok]) <= 1e-2
 
 
+@pytest.mark.parametrize("b", [1, 8, 32])
+@pytest.mark.parametrize("g, s, d", [(4, 4, 128), (4, 4, 64), (8, 2, 128)])
+def test_tokens_without_the_quant_is_the_masked_op_and_the_copy(b, g, s, d):
+    # decode_attention_tokens (an o_proj reading q's dtype; heads of 64 too): the masked kernel on the copied q, then
+    # the copy back to [B, S, Hq, D]; within 1e-2 (two compiles may round an ulp apart), NaN where nothing is seen
+    q, k, v, last, scale = token_inputs(b, 8, g, s, 576, d, "cuda")
+    got = kernel.decode_attention_tokens(q, k, v, last, scale)
+    keep = torch.arange(576, device="cuda") <= last.unsqueeze(-1)
+    keep = keep.unsqueeze(1).expand(b, g, s, 576).reshape(b, 1, g * s, 576)
+    want = kernel.decode_attention(q.reshape(b, 8, g * s, d), k, v, keep, scale).reshape(b, 8 * g, s, d)
+    want = want.transpose(1, 2)
+    assert got.shape == (b, s, 8 * g, d) and torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert rel_l2(got[ok], want[ok]) <= 1e-2
+
+
 def test_in_cuda_graph_replays_with_the_merge():
     q, k, v, keep, scale = inputs(1, 8, 4, 576, 128, [511], "cuda")
     last = torch.tensor([511], device="cuda")
