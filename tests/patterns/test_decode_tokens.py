@@ -28,9 +28,9 @@ ALONE = dataclasses.replace(FUSIONS_ONLY, decode_attention=True)
 NO_ROPE = FusionConfig(rope_attention=False)  # the token form as it is (rope_attention takes it into the RoPE's launch)
 
 
-def _engine_tokens(preset, tokens=4):
+def _engine_tokens(preset, tokens=4, scheme="block"):
     """An engine step of ``tokens`` new tokens per row at positions 5.., 11.., 2.. of a 16-slot cache."""
-    m = build_model(preset, form="engine", layers=LAYERS)
+    m = build_model(preset, form="engine", scheme=scheme, layers=LAYERS)
     ids = torch.randint(0, 100, (3, tokens), generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([[5], [11], [2]]) + torch.arange(tokens)
 
@@ -43,10 +43,13 @@ def _engine_tokens(preset, tokens=4):
     return m, ids, positions, new_cache
 
 
-@pytest.mark.parametrize("preset, op", [("qwen3-tiny", "decode_attention_tokens_quant"),
-                                        ("llama-tiny", "decode_attention_tokens.default")])  # heads of 64: no quant
-def test_a_step_of_several_tokens_is_the_masked_form_bit_for_bit(monkeypatch, preset, op):
-    model, ids, positions, new_cache = _engine_tokens(preset)
+@pytest.mark.parametrize("preset, scheme, op", [
+    ("qwen3-tiny", "block", "decode_attention_tokens_quant"),
+    ("llama-tiny", "block", "decode_attention_tokens.default"),  # heads of 64: the quant stays apart
+    ("qwen3-tiny", "per-tensor", "decode_attention_tokens.default"),  # the o_proj's quant is per tensor
+])  # fmt: skip
+def test_a_step_of_several_tokens_is_the_masked_form_bit_for_bit(monkeypatch, preset, scheme, op):
+    model, ids, positions, new_cache = _engine_tokens(preset, scheme=scheme)
     step = lambda f, cache: f(ids, positions, cache)  # noqa: E731
     with_it = _compiled_step(model, step, new_cache, NO_ROPE)
     monkeypatch.setattr(_decode_tokens, "MAX_TOKENS", 1)
