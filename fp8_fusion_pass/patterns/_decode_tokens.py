@@ -20,10 +20,12 @@ kernel followed by the copy and ``group_quant`` (same splits, tiles and sums; th
 which the mask zeroes, are not read).
 
 Taken only whole: the mask is that comparison of slots with one position per (batch row, token), q reaches the
-score GEMM through copies and reshapes of a [B, Hq, S, D] tensor, and the output reaches a group quant (groups
-within a head) through reshapes, copies and that one permute; anything else keeps ``decode_attention``'s masked
-form, and where the mask was a position per token its report detail says which condition did not hold ("a
-position per token, but the masked form: heads of 64 do not hold whole 128-wide quant groups").
+score GEMM through copies and reshapes of a [B, Hq, S, D] tensor, and the output goes through reshapes, copies and
+that one permute. Where a group quant with groups within a head then reads it, the quant is the op's; where none
+does (a bf16 o_proj, a per-tensor quant, heads of 64 under 128-wide groups, the output read elsewhere),
+``decode_attention_tokens`` writes it in q's dtype and a quant after it stays its own launch (the report says why).
+Anything else keeps ``decode_attention``'s masked form, and where the mask was a position per token its report
+detail says which condition did not hold ("a position per token, but the masked form: q does not come from ...").
 """
 
 from __future__ import annotations
