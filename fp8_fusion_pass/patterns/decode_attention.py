@@ -310,7 +310,6 @@ class Match:
                 return guards.reject("attention_not_plain", f"{n.name} is also read by {extra[0].name}")
         return guards.OK
 
-
     def token_keep(self) -> Node | None:
         """The keep mask the token form reads (``_decode_tokens``), or None where the mask is no candidate for it."""
         if not self.hides:
