@@ -21,6 +21,9 @@ Outputs (``g = group_size``):
                         v_cache!, last [B], scale, g) -> (o [B,Hk,Hq/Hk,D], scale [B,Hk,Hq/Hk,D/g or 0])
                                                      (rms_norm_rope_cache / qk_rope_cache, then decode_attention_upto
                                                       and with g > 0 its quant: one launch)
+  rope_decode_attention_tokens(q [B,S,Hq,D], wq?, k [B,S,Hk,D], wk?, eps, cos, sin, v [B,Hk,S,D], positions,
+                        k_cache!, v_cache!, last [B,S], scale) -> o [B,S,Hq,D]   (the same, then
+                                                      decode_attention_tokens: one launch)
   rope_decode_attention_tokens_quant(q [B,S,Hq,D], wq?, k [B,S,Hk,D], wk?, eps, cos, sin, v [B,Hk,S,D], positions,
                         k_cache!, v_cache!, last [B,S], scale, g) -> (o_q [B,S,Hq,D] fp8, scale [B,S,Hq,D/g])
                                                      (rms_norm_rope_cache / qk_rope_cache, then
@@ -283,8 +286,8 @@ def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_c
                           tokens=False):
     """``rms_norm_rope_cache``'s checks (``wq`` None: ``qk_rope_cache``'s), whole query heads per kv head, then the
     attention's on the q it RoPEs: one token, ``decode_attention_upto``'s (with its quant's when ``group_size`` is not
-    0) on the grouped q; ``tokens``, ``decode_attention_tokens_quant``'s on q as [B, Hq, S, D]. Returns that q (a
-    view)."""
+    0) on the grouped q; ``tokens``, ``decode_attention_tokens_quant``'s on q as [B, Hq, S, D] (``group_size`` None:
+    ``decode_attention_tokens``'s, no quant). Returns that q (a view)."""
     if (wq is None) != (wk is None):
         raise ValueError(f"{op}: wq and wk must both be given (Qwen3's q / k norms) or both be None (RoPE alone)")
     _check_norm_rope_cache(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache)
@@ -296,12 +299,17 @@ def _check_rope_attention(op, q, wq, k, wk, cos, sin, v, positions, k_cache, v_c
         raise ValueError(f"{op}: the query heads ({hq}) must be a positive multiple of the kv heads ({hkv})")
     if d & (d - 1) or d < 16:
         raise ValueError(f"{op}: the head dim must be a power of two of at least 16 (one tile per head), got {d}")
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < (1 if tokens else 0):
+    plain_tokens = tokens and group_size is None
+    if not plain_tokens and (not isinstance(group_size, int) or isinstance(group_size, bool)
+                             or group_size < (1 if tokens else 0)):  # fmt: skip
         raise ValueError(f"{op}: group_size must be {'a' if tokens else '0 (no quant) or a'} group size, got "
                          f"{group_size!r}")  # fmt: skip
     if tokens:
         heads_first = q.transpose(1, 2)  # a view: the attention's [B, Hq, S, D] q
-        _check_attention_quant(op, heads_first, k_cache, v_cache, last, scale, group_size, tokens=True)
+        if plain_tokens:
+            _check_decode_attention(op, heads_first, k_cache, v_cache, scale, last=last, tokens=True)
+        else:
+            _check_attention_quant(op, heads_first, k_cache, v_cache, last, scale, group_size, tokens=True)
         return heads_first
     grouped = q.squeeze(1).unflatten(1, (hkv, hq // hkv))  # a view: the attention's [B, Hkv, R, D] q, no copy
     if group_size:
@@ -333,6 +341,27 @@ def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale, 
         return _quant_outputs(grouped, group_size)
     return torch.empty_like(grouped, memory_format=torch.contiguous_format), grouped.new_empty(
         (*grouped.shape[:3], 0), dtype=torch.float32)
+
+
+@custom_op(f"{NS}::rope_decode_attention_tokens", mutates_args=("k_cache", "v_cache"))
+def rope_decode_attention_tokens(q: Tensor, wq: Tensor | None, k: Tensor, wk: Tensor | None, eps: float, cos: Tensor,
+                                 sin: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor,
+                                 last: Tensor, scale: float) -> Tensor:
+    """``rope_decode_attention_tokens_quant`` without the quant, for an o_proj that reads q's dtype (bf16, or a
+    per-tensor quant of its own): the step's S tokens RoPE'd (Qwen3: normed), their k / v written at ``positions``,
+    and ``o [B, S, Hq, D]`` in q's dtype (``reference.rope_decode_attention_tokens``), one launch on the Triton
+    backend."""
+    _check_rope_attention("rope_decode_attention_tokens", q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache,
+                          last, scale, None, tokens=True)  # fmt: skip
+    return _kernel("rope_decode_attention_tokens", q)(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache,
+                                                      last, scale)  # fmt: skip
+
+
+@rope_decode_attention_tokens.register_fake
+def _(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last, scale):
+    _check_rope_attention("rope_decode_attention_tokens", q, wq, k, wk, cos, sin, v, positions, k_cache, v_cache,
+                          last, scale, None, tokens=True)  # fmt: skip
+    return torch.empty_like(q, memory_format=torch.contiguous_format)  # [B, S, Hq, D]
 
 
 @custom_op(f"{NS}::rope_decode_attention_tokens_quant", mutates_args=("k_cache", "v_cache"))

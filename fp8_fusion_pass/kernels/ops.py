@@ -283,4 +283,4 @@ FUSED = ("rms_norm_group_quant", "add_rms_norm_group_quant", "silu_mul_group_qua
          "blockscale_mm_silu_mul_group_quant", "group_quant_blockscale_mm", "rms_norm_rope", "rms_norm_rope_cache",
          "qk_rope", "qk_rope_cache", "decode_attention", "decode_attention_upto", "decode_attention_upto_quant",
          "decode_attention_tokens", "decode_attention_tokens_quant", "rope_decode_attention",
-         "rope_decode_attention_tokens_quant")  # fmt: skip
+         "rope_decode_attention_tokens", "rope_decode_attention_tokens_quant")  # fmt: skip

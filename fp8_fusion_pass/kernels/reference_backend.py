@@ -95,5 +95,6 @@ def kernels() -> dict:
         "decode_attention_tokens": ref.decode_attention_tokens,
         "decode_attention_tokens_quant": decode_attention_tokens_quant,
         "rope_decode_attention": rope_decode_attention,
+        "rope_decode_attention_tokens": ref.rope_decode_attention_tokens,
         "rope_decode_attention_tokens_quant": rope_decode_attention_tokens_quant,
     }

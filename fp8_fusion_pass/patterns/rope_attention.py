@@ -12,7 +12,8 @@
     o = af[0] (o_q = af[0], scales = af[1]); the new caches af[2], af[3] (their copy_ back unchanged)
 
     at S tokens (verifying draft tokens): decode_attention_tokens_quant(af[0] [B, Hq, S, D], af[1], af[2], last [B, S],
-    scale, g) becomes rope_decode_attention_tokens_quant(q, .., last=last, ...) the same way, o_q / scales [B, S, Hq, D]
+    scale, g) becomes rope_decode_attention_tokens_quant(q, .., last=last, ...) the same way, o_q / scales [B, S, Hq,
+    D]; decode_attention_tokens (no quant: a bf16 / per-tensor o_proj) becomes rope_decode_attention_tokens, o alone
 
 Why: after the other rewrites a decode layer's attention is two launches of ours, the RoPE kernel that writes k / v
 into their slots and the attention that reads them back. Both are latency-bound at decode (1.5 us for the RoPE on
@@ -50,11 +51,13 @@ aten = torch.ops.aten
 NAME = "rope_attention"
 FUSED = _ops.rope_decode_attention.default
 FUSED_TOKENS = _ops.rope_decode_attention_tokens_quant.default
+FUSED_TOKENS_PLAIN = _ops.rope_decode_attention_tokens.default
 ATTENTION = (_ops.decode_attention_upto.default, _ops.decode_attention_upto_quant.default)
 MASKED = _ops.decode_attention.default  # reads a mask, not slots up to a position: the fused kernel takes positions
 TOKENS = _ops.decode_attention_tokens_quant.default  # several tokens per step (verifying draft tokens)
-TOKENS_PLAIN = _ops.decode_attention_tokens.default  # the same without the quant: the fused kernel quantizes
+TOKENS_PLAIN = _ops.decode_attention_tokens.default  # the same without the quant (a bf16 / per-tensor o_proj)
 QUANTIZED = (_ops.decode_attention_upto_quant.default, TOKENS)  # outputs (o_q, scales)
+_FUSED_FOR = {**dict.fromkeys(ATTENTION, FUSED), TOKENS: FUSED_TOKENS, TOKENS_PLAIN: FUSED_TOKENS_PLAIN}
 ROPE_CACHE = (_ops.qk_rope_cache.default, _ops.rms_norm_rope_cache.default)
 _op = _graph.is_call
 # With Qwen3's q / k norms in the prologue, one launch measured slower above this many (batch row, kv head) pairs:
@@ -105,9 +108,6 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
 
     if att.target is MASKED:
         return no("the attention reads a mask, not every slot up to each row's position (the fused kernel's)")
-    if att.target is TOKENS_PLAIN:
-        return no("the step's output is not quantized in its launch (no group quant of whole heads after it); the "
-                  "fused kernel at several tokens writes the quantized form only")
     outs = _outputs(af)
     if len(outs) != len(af.users):
         return no("the RoPE op's outputs are read as a tuple")
@@ -126,7 +126,7 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
     b, s, hq, d = q.shape
     hkv = _graph.val(att.args[1]).shape[1]
     hq, d, hkv = (_graph.static_int(n) or n for n in (hq, d, hkv))  # a size fixed in this graph is an int
-    if att.target is TOKENS:  # the RoPE op's q [B, Hq, S, D] as it is (the token form reads any strides)
+    if att.target in (TOKENS, TOKENS_PLAIN):  # the RoPE op's q [B, Hq, S, D] as it is (the token form: any strides)
         if not _graph.shape_is(q4, (b, hq, s, d)):
             return no(f"the attention reads q as {tuple(q4.shape)}, not the RoPE op's [B, Hq, S, D]")
     elif not statically_known_true(s == 1):
@@ -139,8 +139,7 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
         return guards.reject("unfused_pair_faster", f"{b} x {hkv} (batch x kv heads) not known to be at most "
                              f"{MAX_NORM_PAIRS}, with q / k norms: measured slower in one launch above that (Qwen3-8B "
                              "at batch 64); the RoPE and the attention stay two launches")  # fmt: skip
-    return guards.can_run_kernel("rope_decode_attention_tokens_quant" if att.target is TOKENS else
-                                 "rope_decode_attention", q.device)  # fmt: skip
+    return guards.can_run_kernel(_FUSED_FOR[att.target].overloadpacket.__name__, q.device)
 
 
 def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
@@ -150,13 +149,15 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
     outs = _outputs(af)
     quant = att.target in QUANTIZED
     group = att.args[5] if quant else 0
+    op = _FUSED_FOR[att.target]
+    plain_tokens = op is FUSED_TOKENS_PLAIN  # one output, no group_size
     with _graph.Edit(graph, before=att) as e:
-        op = FUSED_TOKENS if att.target is TOKENS else FUSED
         new = e.call(auto_functionalized_v2, op, q=kw["q"], wq=kw.get("wq"), k=kw["k"], wk=kw.get("wk"),
                      eps=kw.get("eps", 0.0), cos=kw["cos"], sin=kw["sin"], v=kw["v"], positions=kw["positions"],
-                     last=att.args[3], scale=att.args[4], group_size=group, _k_cache_base_index=0,
-                     _v_cache_base_index=1, _all_bases=list(kw["_all_bases"]))  # fmt: skip
-        o, scales, k_cache, v_cache = (e.call(operator.getitem, new, i) for i in range(4))
+                     last=att.args[3], scale=att.args[4], **({} if plain_tokens else {"group_size": group}),
+                     _k_cache_base_index=0, _v_cache_base_index=1, _all_bases=list(kw["_all_bases"]))  # fmt: skip
+        outputs = [e.call(operator.getitem, new, i) for i in range(3 if plain_tokens else 4)]
+        o, scales, k_cache, v_cache = (outputs[0], None, *outputs[1:]) if plain_tokens else outputs
     if quant:
         for u in list(att.users):  # the pair's getitems: 0 the fp8 output, 1 its scales
             u.replace_all_uses_with(o if u.args[1] == 0 else scales)
@@ -169,7 +170,7 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
     stable_topological_sort(graph)
     norm = "q / k norms, " if kw.get("wq") is not None else ""
     what = f"{norm}RoPE and the k / v cache writes in the attention's launch{' (and its quant)' if quant else ''}"
-    return what + (f" ({_graph.val(kw['q']).shape[1]} tokens per step)" if att.target is TOKENS else "")
+    return what + (f" ({_graph.val(kw['q']).shape[1]} tokens per step)" if op is not FUSED else "")
 
 
 def run(graph: Graph, report) -> None:

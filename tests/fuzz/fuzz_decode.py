@@ -284,12 +284,18 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
 
 
 def token_form(spec: DecodeSpec) -> bool:
-    """An engine step of a static S > 1 tokens with heads a power of two wide and whole 128-wide quant groups (the
-    o_proj's input quant): where ``decode_attention`` takes it, it is ``decode_attention_tokens_quant``, the copies
-    of q and of the output, the mask and the quant launch gone (``patterns/_decode_tokens.py``)."""
+    """An engine step of a static S > 1 tokens: where ``decode_attention`` takes it, it is the token form, the
+    copies of q and of the output and the mask gone (``patterns/_decode_tokens.py``); ``quantized_token_form`` says
+    which of its two ops."""
+    return spec.model.form == "engine" and spec.tokens > 1 and spec.dynamic in ("static", "batch")
+
+
+def heads_fold_the_quant(spec: DecodeSpec) -> bool:
+    """Heads a power of two wide and whole 128-wide quant groups (the o_proj's input quant): the token form is
+    ``decode_attention_tokens_quant``, the quant launch gone too; else ``decode_attention_tokens``, the output in
+    q's dtype and the quant its own launch."""
     d = spec.model.head_dim
-    return (spec.model.form == "engine" and spec.tokens > 1 and spec.dynamic in ("static", "batch")
-            and d % 128 == 0 and _pow2(d))  # fmt: skip
+    return d % 128 == 0 and _pow2(d)
 
 
 ATTENTION_REWRITES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention", "gqa_attention")

@@ -18,7 +18,15 @@ import contextlib
 
 import tolerances
 import torch
-from fuzz_decode import ATTENTION_REWRITES, DecodeRun, DecodeSpec, decode_specs, expected_attention_counts, token_form
+from fuzz_decode import (
+    ATTENTION_REWRITES,
+    DecodeRun,
+    DecodeSpec,
+    decode_specs,
+    expected_attention_counts,
+    heads_fold_the_quant,
+    token_form,
+)
 from fuzz_harness import Recorder, applied_counts, raw_symbols, same, unexplained
 from fuzz_models import DecoderSpec, expected_counts
 from fuzz_stats import REASONS, TALLY, profile
@@ -60,10 +68,16 @@ def check_report(spec: DecodeSpec, capture) -> None:
             assert rejected.count(name) >= spec.model.layers, (name, report.render())
     assert applied_counts(report) == expected_counts(spec.model), report.render()
     assert unexplained(capture) == [], report.render()
-    tokens_form = sum("tokens per kv head" in d.detail for d in report.applied if d.pattern == "decode_attention")
-    if _takes_the_token_form(spec, counts):  # several static tokens, heads of whole 128-wide quant groups
-        assert tokens_form == spec.model.layers, report.render()
+    details = [d.detail for d in report.applied if d.pattern == "decode_attention"]
+    tokens_form = sum("tokens per kv head" in d for d in details)
+    quantized = sum("tokens per kv head" in d and "output quantized in the o_proj's" in d for d in details)
+    # several static tokens in the engine's layouts take it; none else, but where the token count may be tied to a
+    # static size (expected.either); where heads fold the quant it is always the quantized op
+    if _takes_the_token_form(spec, counts) or "decode_attention" not in expected.either:
+        assert tokens_form == (spec.model.layers if _takes_the_token_form(spec, counts) else 0), report.render()
+    assert quantized == (tokens_form if heads_fold_the_quant(spec) else 0), report.render()
     TALLY["decode attention in the token form"] += tokens_form
+    TALLY["decode attention in the token form, quantized"] += quantized
     TALLY["decode graphs"] += 1
     for name, n in counts.items():
         if name in ATTENTION_REWRITES and n:

@@ -64,6 +64,7 @@ print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir)
     (False, False, True, True, True, 4),  # decode_attention_tokens_quant: rows as (head, token), a position per token
     (True, True, True, True, True, 4), (True, False, True, True, True, 3),  # rope_decode_attention_tokens_quant
     (True, True, True, True, False, 4),  # its ROCm path: each token's k / v row picked out of the tile in the loop
+    (True, True, False, True, True, 4),  # rope_decode_attention_tokens: the same without the quant
 ])  # fmt: skip
 def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx, tokens):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -151,26 +151,35 @@ def test_rope_decode_attention_is_the_rope_cache_op_then_the_attention(norm, b, 
         assert got[1].shape == (b, 8, 4, 0) and rel_l2(got[0], want[0]) <= 1e-2
 
 
+@pytest.mark.parametrize("quant", [True, False], ids=["quant", "plain"])
 @pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
 @pytest.mark.parametrize("b, hq, s", [(1, 32, 4), (8, 32, 4), (32, 32, 4), (8, 64, 2)])
-def test_rope_tokens_is_the_rope_cache_op_then_the_token_form(norm, b, hq, s):
-    # a step of S tokens as the pass leaves it without rope_attention: the RoPE kernel, then the token form
+def test_rope_tokens_is_the_rope_cache_op_then_the_token_form(quant, norm, b, hq, s):
+    # a step of S tokens as the pass leaves it without rope_attention: the RoPE kernel, then the token form (plain:
+    # rope_decode_attention_tokens against decode_attention_tokens, no quant)
     from attention_cases import rope_token_inputs
 
     args = rope_token_inputs(b, hq, 8, s, 576, 128, norm, "cuda")
     q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
     kc2, vc2 = kc.clone(), vc.clone()
+    ops = torch.ops.fp8_fusion
     with backends.use_backend("triton"):
         q_out = _rope_cache_op(args)
-        want = torch.ops.fp8_fusion.decode_attention_tokens_quant(q_out, kc, vc, pos, 128**-0.5, 128)
-        got = torch.ops.fp8_fusion.rope_decode_attention_tokens_quant(q, wq, k, wk, eps, cos, sin, v, pos, kc2, vc2,
-                                                                      pos, 128**-0.5, 128)  # fmt: skip
+        if quant:
+            want = ops.decode_attention_tokens_quant(q_out, kc, vc, pos, 128**-0.5, 128)
+            got = ops.rope_decode_attention_tokens_quant(q, wq, k, wk, eps, cos, sin, v, pos, kc2, vc2, pos,
+                                                         128**-0.5, 128)  # fmt: skip
+        else:
+            want = ops.decode_attention_tokens(q_out, kc, vc, pos, 128**-0.5), torch.ones(())
+            got = ops.rope_decode_attention_tokens(q, wq, k, wk, eps, cos, sin, v, pos, kc2, vc2, pos,
+                                                   128**-0.5), torch.ones(())  # fmt: skip
     assert torch.equal(vc, vc2) and (torch.equal(kc, kc2) or norm)
     assert (kc.float() - kc2.float()).abs().max() <= 2**-7 * kc.float().abs().max()
+    assert got[0].shape == (b, s, hq, 128) and got[0].dtype == (want[0].dtype if quant else q.dtype)
     if not norm:  # the RoPE kernel's roundings, the token form's splits and sums: its bits
         assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
-    assert rel_l2(got[0].float() * got[1].repeat_interleave(128, -1), want[0].float() * want[1].repeat_interleave(
-        128, -1)) <= 1e-2  # fmt: skip
+    widen = (lambda t: t.repeat_interleave(128, -1)) if quant else (lambda t: t)  # noqa: E731
+    assert rel_l2(got[0].float() * widen(got[1]), want[0].float() * widen(want[1])) <= 1e-2
 
 
 def test_rope_decode_attention_in_cuda_graph_replays():

@@ -1,4 +1,4 @@
-"""``rope_decode_attention`` and ``rope_decode_attention_tokens_quant``: the decode-attention kernel with the step's
+"""``rope_decode_attention`` and ``rope_decode_attention_tokens(_quant)``: the decode-attention kernel with the step's
 RoPE (Qwen3: q / k norms too) and its k / v cache writes in its prologue (CPU interpreter), against the two launches
 each stands for (the ``*_rope_cache`` kernel, then ``decode_attention_upto`` or ``decode_attention_tokens_quant``),
 the new slots read back after their writes, slots outside the cache or after ``last``, and the ops' input checks."""
@@ -169,21 +169,28 @@ def _token_pair(args, last, scale, group, cfg):
     return kernel.decode_attention_tokens_quant(_rope_cache(args), args[9], args[10], last, scale, group, cfg)
 
 
+@pytest.mark.parametrize("group", [64, 0], ids=["quant", "plain"])
 @pytest.mark.parametrize("registers", [False, True], ids=["stored", "from_registers"])
 @pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT, kernel.AttentionConfig(block_t=16, programs=16)], ids=str)
-def test_tokens_rope_then_attention_bit_for_bit(monkeypatch, registers, cfg):
+def test_tokens_rope_then_attention_bit_for_bit(monkeypatch, group, registers, cfg):
     # 3 tokens (a tile of 4 new rows, one padding), 4 heads per kv head: rows (head, token). Row 1's last token is
     # given as -1 (slot 99, from the end) and sees every slot; row 2's tokens straddle splits of 16 keys. The new
     # slots held far-off values, so a read of one before its write would show; every key of a token after its own
     # slot is a later token's, unwritten yet in eager order but written by this step: the tokens see them only up to
-    # their own position.
+    # their own position. Group 0: rope_decode_attention_tokens against decode_attention_tokens (no quant).
     monkeypatch.setattr(kernel, "new_from_registers", lambda _: registers)
     args = rope_token_inputs(3, 8, 2, 3, 100, 64, norm=False, seed=3)
     args = (*args[:8], torch.tensor([[5, 6, 7], [30, 31, -1], [46, 47, 48]]), *args[9:])
     last = torch.tensor([[5, 6, 7], [30, 31, 99], [46, 47, 48]])
     pair_args, got_args = _clone(args), _clone(args)
-    want_o, want_s = _token_pair(pair_args, last, 0.125, 64, cfg)
-    got_o, got_s = kernel.rope_decode_attention_tokens_quant(*got_args, last, 0.125, 64, cfg)
+    if group:
+        want_o, want_s = _token_pair(pair_args, last, 0.125, group, cfg)
+        got_o, got_s = kernel.rope_decode_attention_tokens_quant(*got_args, last, 0.125, group, cfg)
+    else:
+        want_o = kernel.decode_attention_tokens(_rope_cache(pair_args), pair_args[9], pair_args[10], last, 0.125, cfg)
+        got_o = kernel.rope_decode_attention_tokens(*got_args, last, 0.125, cfg)
+        want_s = got_s = torch.empty(3, 3, 8, 1)  # nothing to compare
+        assert got_o.dtype == torch.bfloat16 and got_o.is_contiguous()
     assert torch.equal(got_args[9], pair_args[9]) and torch.equal(got_args[10], pair_args[10])
     assert not torch.equal(got_args[9][1, :, 99], args[9][1, :, 99])  # the negative position's slot was written
     assert got_o.shape == (3, 3, 8, 64) and got_s.shape == (3, 3, 8, 1)
@@ -243,3 +250,29 @@ def test_tokens_with_one_shared_position_row_and_table():
     got_o, got_s = kernel.rope_decode_attention_tokens_quant(*got_args, last, 32**-0.5, 32, kernel.DEFAULT)
     assert torch.equal(got_args[9], pair_args[9]) and torch.equal(got_args[10], pair_args[10])
     assert torch.equal(got_o.view(torch.uint8), want_o.view(torch.uint8)) and torch.equal(got_s, want_s)
+
+
+PLAIN_TOKENS_OP = torch.ops.fp8_fusion.rope_decode_attention_tokens
+
+
+def test_plain_tokens_op_runs_the_triton_kernel_and_checks_inputs():
+    # Qwen3's norms in the prologue: against the reference op (its own roundings), then the op's checks
+    args = rope_token_inputs(2, 8, 2, 4, 64, 64, norm=True)
+    last = args[8]
+    with backends.use_backend("triton"):
+        got = PLAIN_TOKENS_OP(*_clone(args), last, 0.125)
+    with backends.use_backend("reference"):
+        want = PLAIN_TOKENS_OP(*_clone(args), last, 0.125)
+    assert got.shape == want.shape == (2, 4, 8, 64) and got.dtype == want.dtype == torch.bfloat16
+    assert rel_l2(got.float(), want.float()) <= 1e-2
+    q, wq, k, wk, eps, cos, sin, v, pos, kc, vc = args
+    with pytest.raises(TypeError, match="2-D int32 / int64"):
+        PLAIN_TOKENS_OP(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc, last[:, 0], 0.125)
+    with pytest.raises(ValueError, match="both be given"):
+        PLAIN_TOKENS_OP(q, wq, k, None, eps, cos, sin, v, pos, kc, vc, last, 0.125)
+    with pytest.raises(ValueError, match="positive multiple of the kv heads"):
+        PLAIN_TOKENS_OP(q[:, :, :7], wq, k, wk, eps, cos, sin, v, pos, kc, vc, last, 0.125)
+    with pytest.raises(ValueError, match="at most 64 query rows"):
+        many = [torch.cat([t] * 5, 1) for t in (q, k, cos, sin, pos, last)]
+        PLAIN_TOKENS_OP(many[0], wq, many[1], wk, eps, many[2], many[3], torch.cat([v] * 5, 2), many[4], kc, vc,
+                        many[5], 0.125)  # fmt: skip

@@ -217,6 +217,36 @@ def test_steps_of_several_tokens_rope_and_attend_in_one_launch():
     assert detail.endswith("(and its quant) (4 tokens per step)"), detail
 
 
+FUSED_TOKENS_PLAIN = torch.ops.fp8_fusion.rope_decode_attention_tokens.default
+
+
+@pytest.mark.parametrize("preset, scheme", [("llama-tiny", "block"), ("qwen3-tiny", "per-tensor")])
+def test_steps_of_several_tokens_without_a_foldable_quant_rope_and_attend_in_one_launch(preset, scheme):
+    # the plain token form (heads of 64: no whole quant group per head; a per-tensor o_proj quantizes on its own):
+    # the RoPE (Qwen3: with its norms) and the cache writes go into its launch all the same, bit for bit the pass
+    # without the rewrite on the CPU, logits and caches
+    from test_decode_tokens import _engine_tokens
+
+    model, ids, positions, new_cache = _engine_tokens(preset, scheme=scheme)
+    step = lambda f, cache: f(ids, positions, cache)  # noqa: E731
+    with_it = _compiled_step(model, step, new_cache, FusionConfig())
+    without = _compiled_step(model, step, new_cache, WITHOUT)
+    assert with_it[2]["rope_attention"] == with_it[2]["decode_attention"] == LAYERS, with_it[2]
+    assert "fp8_fusion.rope_decode_attention_tokens.default" in with_it[3] and "rope_cache.default" not in with_it[3]
+    assert "fp8_fusion.decode_attention_tokens.default" in without[3]
+    assert "fp8_fusion.decode_attention_tokens.default" not in with_it[3]
+    assert torch.equal(with_it[0], without[0]) and all(torch.equal(a, b) for a, b in zip(with_it[1], without[1]))
+    cache, _ = new_cache()
+    (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
+    r, out = run_pass(gm, FusionConfig())
+    fused = [n for n in out.graph.nodes if n.args and n.args[0] is FUSED_TOKENS_PLAIN]
+    assert len(fused) == LAYERS and all("group_size" not in n.kwargs for n in fused)
+    assert all((n.kwargs["wq"] is None) == (preset == "llama-tiny") for n in fused)  # Qwen3's norms in the prologue
+    assert list(fused[0].meta["val"][0].shape) == [3, 4, *list(fused[0].kwargs["q"].meta["val"].shape[2:])]
+    detail = next(d.detail for d in r.applied if d.pattern == "rope_attention")
+    assert detail.endswith("k / v cache writes in the attention's launch (4 tokens per step)"), detail
+
+
 def test_steps_of_several_tokens_keep_the_norm_bound(monkeypatch):
     # the bound on (batch row, kv head) pairs with q / k norms holds at several tokens too (measured at one)
     from test_decode_tokens import _engine_tokens

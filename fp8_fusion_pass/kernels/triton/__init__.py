@@ -19,6 +19,7 @@ def kernels() -> dict:
         decode_attention_upto,
         decode_attention_upto_quant,
         rope_decode_attention,
+        rope_decode_attention_tokens,
         rope_decode_attention_tokens_quant,
     )
     from .dynamic_per_tensor_quant import dynamic_per_tensor_quant
@@ -55,5 +56,6 @@ def kernels() -> dict:
         "decode_attention_tokens": decode_attention_tokens,
         "decode_attention_tokens_quant": decode_attention_tokens_quant,
         "rope_decode_attention": rope_decode_attention,
+        "rope_decode_attention_tokens": rope_decode_attention_tokens,
         "rope_decode_attention_tokens_quant": rope_decode_attention_tokens_quant,
     }

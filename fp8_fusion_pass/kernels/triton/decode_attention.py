@@ -443,6 +443,14 @@ def rope_decode_attention_tokens_quant(q, wq, k, wk, eps: float, cos, sin, v, po
     return _launch_tokens(q, (b, hq, s, d), strides, k_cache, v_cache, last, scale, group_size, cfg, rope)
 
 
+def rope_decode_attention_tokens(q, wq, k, wk, eps: float, cos, sin, v, positions, k_cache, v_cache, last,
+                                 scale: float, cfg: AttentionConfig | None = None) -> torch.Tensor:
+    """``reference.rope_decode_attention_tokens`` in one launch: ``rope_decode_attention_tokens_quant`` without the
+    quant (an o_proj that reads q's dtype), ``o [B, S, Hq, D]`` in q's dtype."""
+    return rope_decode_attention_tokens_quant(q, wq, k, wk, eps, cos, sin, v, positions, k_cache, v_cache, last,
+                                              scale, 0, cfg)  # group 0: the output alone
+
+
 def _launch_tokens(q, shape, strides, k_cache, v_cache, last, scale, group_size, cfg, rope=None):
     """The token form's launch; ``shape`` / ``strides``: q's as [B, Hq, S, D] (batch, head, token, dim). Each kv
     head's G heads x S tokens are one tile of rows, row r = (head r // S, token r % S); the outputs are allocated
