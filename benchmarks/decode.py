@@ -40,6 +40,10 @@ table, with the accuracy columns, of every cell that finished.
 ``--dry-run``: the same code on the CPU with a tiny preset (``qwen3-tiny``), each "graph replay" a plain call and
 times from the wall clock, so a test checks the harness end to end; its times mean nothing.
 
+``--scheme per-tensor``: the fp8 model's linears quantized per tensor (``quantize.convert_linears``) instead of in
+128 x 128 blocks; the variants keep their labels ("block" is the fp8 model, "block+pass" it with the pass) and each
+JSON row says its ``scheme``.
+
 ``--tokens S``: each step feeds S new tokens per row (at ``--context`` .. ``--context`` + S - 1), as a step verifying
 S - 1 draft tokens does; the table's batch column then reads "B x S".
 
@@ -315,9 +319,10 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_logits, held):
     scheme, config = label.split("+")[0], variant_config(label)
-    log(f"{preset} {form} {label}: building")
+    quant = args.scheme if scheme == "block" else scheme  # "block" labels the fp8 model in --scheme's quantization
+    log(f"{preset} {form} {label}: building ({quant})")
     torch.manual_seed(0)
-    model = build_model(preset, form=form, scheme=scheme, layers=args.layers, device=DEVICE)
+    model = build_model(preset, form=form, scheme=quant, layers=args.layers, device=DEVICE)
     wbytes = weight_bytes(model)
     report.clear_reports()
     # --interleave keeps the compiled code of the variants captured so far: a reset drops it, and Triton unloads a
@@ -355,7 +360,7 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
             else:
                 reference_logits[key] = logits
         rows.append(dict(preset=preset, form=form, variant=label, batch=batch, tokens=args.tokens, ms=ms,
-                         roofline_ms=roof_ms, err=err, err_eager=err_eager))
+                         roofline_ms=roof_ms, err=err, err_eager=err_eager, scheme=quant))
         del runner  # (an interleaved cell's runner and graph stay in ``held``)
         if args.compile == "full":
             torch._dynamo.reset()
@@ -367,7 +372,7 @@ def run_variant(preset, form, label, args, bw, rows, reference_logits, eager_log
         prefill_ms = bench_prefill(model, form, config, args.prefill, max(3, args.steps // 5), args.compile)
         log(f"{preset} {form} {label} prefill {args.prefill}: {prefill_ms:.3f} ms")  # in the log if the table is lost
     rows.append(dict(preset=preset, form=form, variant=label, batch=f"prefill {args.prefill}", ms=prefill_ms,
-                     roofline_ms=None, err="", err_eager="", fused=fused))
+                     roofline_ms=None, err="", err_eager="", fused=fused, scheme=quant))
     del model
     if not args.interleave:
         torch._dynamo.reset()
@@ -431,6 +436,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=1,
                    help="new tokens per row in each step (more than one: a step verifying draft tokens)")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 model")
+    p.add_argument("--scheme", choices=("block", "per-tensor"), default="block",
+                   help="the fp8 model's quantization (the variants keep their 'block' labels)")
     p.add_argument("--attention", choices=engine.DECODE_ATTENTION_IMPLS, default=engine.DECODE_ATTENTION,
                    help="engine form: how a decode step attends (benchmarks/attention_decode.py)")
     p.add_argument("--also", default="", metavar="[+-]REWRITE,...",
@@ -478,7 +485,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(dry_run=args.dry_run)
     device_name = "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name()
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s; torch {torch.__version__}; {device_name}; Inductor options "
-        f"{INDUCTOR_OPTIONS or 'default'}; pass thresholds {thresholds or 'as committed'}")
+        f"{INDUCTOR_OPTIONS or 'default'}; pass thresholds {thresholds or 'as committed'}; fp8 {args.scheme}")
     rows: list[dict] = []
     held: list = []  # --interleave: the captured cells of the current preset and form (timed, then cleared)
     # An HF cell costs 50-90 s of layer recompiles on the H200, so a run may outlast its device call: under

@@ -28,6 +28,9 @@
 #                                               rope_attention), interleaved: the op's GPU tests, the ops alone, the
 #                                               8B models' engine steps at batch 8 and 32 (not yet run; ~300 s est.)
 #     OUT=$OUT bash benchmarks/issue7.sh rope32b  the same A/B on Qwen3-32B's 2-token steps at batch 1 and 8
+#     OUT=$OUT bash benchmarks/issue7.sh plain   the token form without the quant (a per-tensor o_proj): its GPU
+#                                               tests, then per-tensor 8B engine steps of 4 tokens at batch 8 and 32
+#                                               with and without rope_attention (rope_decode_attention_tokens)
 #     OUT=$OUT bash benchmarks/issue7.sh rows    steps of 8 tokens (32 rows per kv head) in the token form against
 #                                               Inductor's attention: the attention alone with its copies and quant,
 #                                               then Llama-3.1-8B engine steps at batch 1 and 8 with
@@ -83,6 +86,10 @@ case "${1:-}" in
               --also=-rope_attention --json "$out/rope_tokens_engine.json" ;;  # not decode_*.json: no target counts
     rope32b) "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 2 --also=-rope_attention \
                  --json "$out/rope_tokens_32b.json" ;;  # steps of several tokens
+    plain) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py \
+               -k "without_the_quant or (rope_tokens and plain)" > "$out/plain_tests.log" 2>&1; tail -2 "$out/plain_tests.log"
+           "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms engine --batches 8,32 --tokens 4 --scheme per-tensor \
+               --also=-rope_attention --json "$out/plain_tokens_engine.json" ;;  # per-tensor: no target counts it
     rows) python benchmarks/attention_decode.py --tokens 8 --heads 32 --batches 1,8,32 \
               --impls math+quant,masked+quant,tokens_quant > "$out/rows32_ops.txt" 2>&1; tail -8 "$out/rows32_ops.txt"
           for most in 32 16; do  # not decode_*.json: no target counts steps of several tokens
@@ -90,7 +97,7 @@ case "${1:-}" in
                   --set "patterns._decode_tokens.MAX_ROWS=$most" --json "$out/rows_engine_max$most.json" || exit $?
           done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|rows|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

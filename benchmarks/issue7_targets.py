@@ -45,10 +45,11 @@ def _x(v: float) -> str:
 # ------------------------------------------------------------------ decode
 def decode_cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
     """(preset, form, batch) -> {variant: row}; a batch is an int, or "prefill N". Steps of more than one token
-    (``decode.py --tokens``, verifying draft tokens) are no target's and are left out."""
+    (``decode.py --tokens``, verifying draft tokens) and per-tensor models (``--scheme``) are no target's and are
+    left out (the issue's targets are block-FP8's)."""
     cells: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        if r.get("ms") is not None and r.get("tokens", 1) == 1:
+        if r.get("ms") is not None and r.get("tokens", 1) == 1 and r.get("scheme", "block") in ("block", "bf16"):
             cells.setdefault((r["preset"], r["form"], r["batch"]), {})[r["variant"]] = r
     return cells
 

@@ -62,8 +62,10 @@ def pair(args, group: int):
         q_out = ops.rms_norm_rope_cache(q, wq, k, wk, eps, cos, sin, v, pos, kc, vc)
     b, hq, s, d = q_out.shape
     scale = d**-0.5
-    if s > 1:
+    if s > 1 and group:
         return ops.decode_attention_tokens_quant(q_out, kc, vc, pos, scale, group)
+    if s > 1:
+        return ops.decode_attention_tokens(q_out, kc, vc, pos, scale), None
     q4 = q_out.reshape(b, kc.shape[1], hq // kc.shape[1], d)
     if group:
         return ops.decode_attention_upto_quant(q4, kc, vc, pos.view(-1), scale, group)
@@ -72,8 +74,10 @@ def pair(args, group: int):
 
 def fused(args, group: int):
     scale = args[0].shape[-1] ** -0.5
-    if args[0].shape[1] > 1:
+    if args[0].shape[1] > 1 and group:
         return ops.rope_decode_attention_tokens_quant(*args, args[8], scale, group)
+    if args[0].shape[1] > 1:
+        return ops.rope_decode_attention_tokens(*args, args[8], scale), None
     return ops.rope_decode_attention(*args, args[8].view(-1), scale, group)
 
 
@@ -118,8 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--heads", default="32,8", help="query heads, kv heads (Qwen3-32B: 64,8)")
     p.add_argument("--models", default="llama,qwen3", help="llama (RoPE alone), qwen3 (q / k norms too)")
     p.add_argument("--tokens", type=int, default=1, help="tokens per step; above 1 (verifying draft tokens) the "
-                   "pair is the RoPE kernel then decode_attention_tokens_quant, the fused op "
-                   "rope_decode_attention_tokens_quant (with the o_proj's quant only)")
+                   "pair is the RoPE kernel then decode_attention_tokens(_quant), the fused op "
+                   "rope_decode_attention_tokens(_quant)")
     a = p.parse_args(argv)
     torch.set_grad_enabled(False)
     heads = tuple(int(h) for h in a.heads.split(",") if h.isdigit())
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
     for batch in (int(b) for b in a.batches.split(",")):
         for model in a.models.split(","):
             norm = model == "qwen3"
-            for group in (0, 128) if a.tokens == 1 else (128,):
+            for group in (0, 128):
                 times, outs = {}, {}
                 for name, fn in (("pair", pair), ("fused", fused)):
                     args = inputs(batch, norm, a.max_seq, a.context, *heads, tokens=a.tokens)

@@ -99,3 +99,11 @@ def test_steps_of_several_tokens_count_for_no_target():
     verify = [{**r, "tokens": 4, "ms": r["ms"] * 10} for r in _decode_rows("qwen3-8b", "engine", 8, 4.0, 3.0)]
     assert it.decode_cells(rows + verify) == it.decode_cells(rows)
     assert it.decode_cells(verify) == {}
+
+
+def test_per_tensor_models_count_for_no_target():
+    # decode.py --scheme per-tensor rows (its fp8 variants keep the "block" labels) must not stand in for block-FP8's
+    rows = _decode_rows("qwen3-8b", "engine", 8, 4.0, 3.0)
+    per_tensor = [{**r, "scheme": "per-tensor", "ms": r["ms"] * 10} for r in rows]
+    assert it.decode_cells(rows + per_tensor) == it.decode_cells(rows) != {}
+    assert it.decode_cells(per_tensor) == {}

@@ -276,3 +276,15 @@ def test_a_variant_without_reports_says_why():
     assert "no report" in decode.fusion_summary([])["note"]
     hit = FusionReport(graph=1, cache_hit=True)
     assert decode.fusion_summary([hit]) == {"graphs the pass ran on": 0, "served from the FX graph cache": 1}
+
+
+def test_scheme_per_tensor_times_the_per_tensor_model(tmp_path_factory):
+    # --scheme per-tensor: the fp8 variants ("block" labels) build per-tensor linears, and each row says so; a step
+    # of 2 tokens, so the pass's plain token form takes the attention and rope_attention its RoPE (no group quant
+    # to fold), and no group-quant rewrite applies
+    cells, out, _ = _dry_run(tmp_path_factory, "--forms", "engine", "--layers", "1", "--tokens", "2", "--scheme",
+                             "per-tensor")  # fmt: skip
+    assert {r["scheme"] for r in cells["rows"]} == {"per-tensor"} and len(cells["rows"]) == 4, cells["rows"]
+    fused = re.search(r"^fused \(qwen3-tiny engine\): (\{.*\})$", out, re.M).group(1)
+    assert "'rope_attention': 1" in fused and "'decode_attention': 1" in fused, fused
+    assert "norm_quant" not in fused and "silu_quant" not in fused and "'fills_stripped': 4" in fused, fused
