@@ -20,6 +20,7 @@ from ._graph import GROUP_QUANT
 
 aten = torch.ops.aten
 ops = torch.ops.fp8_fusion
+PER_TENSOR_QUANT = ops.dynamic_per_tensor_quant.default
 
 # (reason, detail) -> recorded by the caller as report.reject(pattern, node, reason, detail, shapes, dtype)
 Record = Callable[[str, Node, str, str, Node], None]
@@ -103,8 +104,12 @@ def _diagnose(pattern: str, node: Node, x, out: Node, eps, explained: set, recor
     elif _graph.dtype_str(x) != "bfloat16":
         reason, detail = "dtype_not_bf16", f"activation {x.name} is {_graph.dtype_str(x)}"
     elif not quants:
-        users = sorted({_graph.describe(u) for u, _ in _graph.final_users(out)})
+        final = [u for u, _ in _graph.final_users(out)]
+        users = sorted({_graph.describe(u) for u in final})
         reason, detail = "no_quant_consumer", f"{out.name} feeds {', '.join(users) or 'nothing'}"
+        if any(_graph.op_of(u) is PER_TENSOR_QUANT for u in final):
+            detail += (" (a per-tensor quant: the fused kernels take 1 x 128 group quants, whose scales need no "
+                       "reduction over the whole tensor)")
     elif isinstance(eps, Node):  # (a matched norm reports this through guards.can_eps)
         reason, detail = "eps_graph_input", (f"eps is graph input {eps.name} (dynamic=True lifted the float); use "
                                              "fp8_fusion_pass.fuse(..., dynamic=True) or "

@@ -10,6 +10,7 @@ import operator
 
 import torch
 import torch.utils._pytree as pytree
+from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import map_arg
@@ -191,8 +192,16 @@ def describe(node: Node) -> str:
     if node.op == "output":
         return "graph output"
     if node.op == "call_function":
-        return f"{_target_name(node.target)} ({node.name})"
+        return f"{_target_name(op_of(node))} ({node.name})"
     return f"{node.op} {node.name}"
+
+
+def op_of(node: Node):
+    """The op a call runs: for an ``auto_functionalized(_v2)`` node (Inductor's post-grad form of an op that mutates
+    its inputs, such as the per-tensor quant) the op it wraps, else its target."""
+    if node.target in (auto_functionalized, auto_functionalized_v2) and node.args:
+        return node.args[0]
+    return node.target
 
 
 def _target_name(target) -> str:

@@ -101,6 +101,20 @@ def test_a_rejection_stays_when_the_later_rewrite_is_off():
     assert off.rejection_reasons()["no_quant_consumer"] == on.rejection_reasons()["no_quant_consumer"] + 2 * LAYERS
 
 
+def test_a_per_tensor_model_says_its_quants_are_per_tensor():
+    # a per-tensor model's norms and SiLU feed the per-tensor quant (an op that writes its outputs, so the graph
+    # holds it wrapped in auto_functionalized_v2): the report names that op and why no fused kernel takes it
+    m = build_model("llama-tiny", form="engine", scheme="per-tensor", layers=LAYERS)
+    r, _ = run_pass(capture(m, *example_inputs(m, 2, 5))[0])
+    per_tensor = [d for d in r.rejected if "fp8_fusion.dynamic_per_tensor_quant (auto_functionalized_v2" in d.detail]
+    assert len(per_tensor) == 3 * LAYERS, r.render()  # the input norm, the post-attention norm, the SiLU per layer
+    assert all(d.reason == "no_quant_consumer" and "(a per-tensor quant: the fused kernels take 1 x 128 group "
+               "quants" in d.detail for d in per_tensor), r.render()  # fmt: skip
+    assert "feeds auto_functionalized_v2" not in r.render()
+    final = [d for d in r.rejected if "aten.mm" in d.detail]  # the final norm: the bf16 lm_head, no quant named
+    assert len(final) == 1 and "per-tensor" not in final[0].detail, r.render()
+
+
 def test_llama_has_no_qk_norms(graphs):
     r, _ = run_pass(graphs[("llama-tiny", "hf")])
     assert r.rejection_reasons() == {"no_quant_consumer": 1, "producer_not_fusable": LAYERS}
