@@ -278,3 +278,32 @@ def test_a_step_of_several_tokens_whose_q_is_read_elsewhere_keeps_two_launches()
     assert report.rejection_reasons() == {"rope_attention_not_single": 1} and report.counts()["rope_attention"] == 1
     assert "also read by neg" in report.render()
     assert sum(1 for n in graph.nodes if n.args and n.args[0] is FUSED_TOKENS) == LAYERS - 1
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_fused_op_sees_the_slots_the_attention_saw(tokens):
+    # the fused op's `last` is the attention's (the last slot each row / token sees), not the RoPE op's positions
+    # (where it writes): the models make them equal, so here each attention sees one slot more, and the fused op
+    # must read that node
+    from test_decode_tokens import _engine_tokens
+
+    model, ids, positions, new_cache = _engine_tokens("llama-tiny", tokens)
+    cache, _ = new_cache()
+    (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
+    _, out = run_pass(gm, WITHOUT)
+    graph = out.graph
+    attention = (torch.ops.fp8_fusion.decode_attention_upto.default, rope_attention.TOKENS_PLAIN)
+    atts = [n for n in graph.nodes if n.target in attention]
+    assert len(atts) == LAYERS
+    seen = []
+    for att in atts:
+        with graph.inserting_before(att):
+            later = graph.call_function(torch.ops.aten.add.Tensor, (att.args[3], 1))
+        later.meta["val"] = att.args[3].meta["val"]
+        att.update_arg(3, later)
+        seen.append(later)
+    report = report_mod.new_report()
+    rope_attention.run(graph, report)
+    fused = [n for n in graph.nodes if n.args and n.args[0] in (FUSED, FUSED_TOKENS_PLAIN)]
+    assert report.counts()["rope_attention"] == len(fused) == LAYERS, report.render()
+    assert [n.kwargs["last"] for n in fused] == seen
