@@ -19,7 +19,7 @@ import copy
 import dataclasses
 
 import torch
-from fuzz_models import VOCAB, DecoderSpec, build
+from fuzz_models import BLOCK, VOCAB, DecoderSpec, build
 from hypothesis import strategies as st
 
 from fp8_fusion_pass import guards, verify
@@ -37,6 +37,9 @@ CASES = ("random-1", "random-1", "random-2", "nan", "inf", "zero-rows", "large",
 SWITCHES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention", "gqa_attention", "quant_gemm",
             "gemm_silu_quant", "group_gemm", "inline_norm")
 switched_off = st.lists(st.sampled_from(SWITCHES), min_size=1, max_size=3, unique=True)  # a third of the steps
+# The models' FP8 scheme: mostly block (every fusion has a site); 1 in 4 per tensor, whose o_proj quant no attention
+# launch can fold (the token form without the quant) and whose scale buffers are zero fills to strip
+SCHEMES = ("block", "block", "block", "per-tensor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +102,7 @@ def decode_specs(draw, forms=("engine", "hf")) -> DecodeSpec:
         eps=draw(st.sampled_from((1e-6, 1e-5))), attn_bias=family == "qwen2" or draw(st.booleans()),
         mlp_bias=family == "llama" and draw(st.booleans()), dtype=draw(st.sampled_from(("bf16", "bf16", "fp16"))),
         dynamic=False, specialize_float=False, shapes=((1, 1),), seed=draw(st.integers(0, 2**16)),
+        scheme=draw(st.sampled_from(SCHEMES)),
     )  # fmt: skip
     modes = ("static", "batch", "tokens", "both", "all")
     dynamic = draw(st.sampled_from(modes))
@@ -291,11 +295,13 @@ def token_form(spec: DecodeSpec) -> bool:
 
 
 def heads_fold_the_quant(spec: DecodeSpec) -> bool:
-    """Heads a power of two wide and whole 128-wide quant groups (the o_proj's input quant): the token form is
+    """A block-FP8 o_proj (its N, the hidden size, a multiple of 128 too: else it stays bf16 and reads no quant), heads
+    a power of two wide and whole 128-wide quant groups (the o_proj's input quant): the token form is
     ``decode_attention_tokens_quant``, the quant launch gone too; else ``decode_attention_tokens``, the output in
-    q's dtype and the quant its own launch."""
-    d = spec.model.head_dim
-    return d % 128 == 0 and _pow2(d)
+    q's dtype and the quant, if any, its own launch (a per-tensor quant's one scale spans the whole tensor: no launch
+    per head can compute it)."""
+    m = spec.model
+    return m.scheme == "block" and m.hidden % BLOCK == 0 and m.head_dim % BLOCK == 0 and _pow2(m.head_dim)
 
 
 ATTENTION_REWRITES = ("decode_attention", "norm_rope", "qk_rope", "rope_cache", "rope_attention", "gqa_attention")

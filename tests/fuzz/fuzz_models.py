@@ -5,7 +5,9 @@ Models are built directly from transformers configs (Qwen3 / Llama / Qwen2 class
 hub): HF form is block-FP8 quantized layer by layer (``models.build.materialize_hf``); engine form is converted
 from the bf16 HF model (``engine_from_hf``: merged qkv / gate_up) and then quantized, so a merged weight whose
 N is a multiple of 128 is quantized even when its parts are not. ``quantize.convert_linears`` leaves every linear
-with N or K not a multiple of 128 in the activation dtype: those sites have no group_quant to fuse.
+with N or K not a multiple of 128 in the activation dtype: those sites have no group_quant to fuse. A spec may ask
+for the per-tensor scheme instead (``scheme``; the decode fuzz draws it): linears with N and K multiples of 16, each
+quantizing its input with one dynamic scale, so nothing for the group-quant fusions, a zero fill per linear.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class DecoderSpec:
     specialize_float: bool  # dynamic only: fuse(..., dynamic=True) keeps eps a constant
     shapes: tuple[tuple[int, int], ...]  # (batch, seq) per call
     seed: int = 0
+    scheme: str = "block"  # quantize.SCHEMES: "block" (1x128 / 128x128 scales) | "per-tensor" (one scale each)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -51,7 +54,7 @@ class DecoderSpec:
         return (f"{self.family}/{self.form} H={self.hidden} I={self.inter} h={self.heads}x{self.head_dim} "
                 f"kv={self.kv_heads} L={self.layers} eps={self.eps:g} bias={int(self.attn_bias)}{int(self.mlp_bias)} "
                 f"{self.dtype} {'dyn' + ('-spec' if self.specialize_float else '') if self.dynamic else 'static'} "
-                f"shapes={list(self.shapes)}")
+                f"shapes={list(self.shapes)}{'' if self.scheme == 'block' else ' ' + self.scheme}")
 
 
 def _shape():
@@ -113,11 +116,10 @@ def hf_config(spec: DecoderSpec):
 def build(spec: DecoderSpec) -> torch.nn.Module:
     """The model of ``spec`` on the CPU, eval mode, no grads, seeded weights."""
     model = hf_on_meta(hf_config(spec), spec.torch_dtype)
-    scheme = "block" if spec.form == "hf" else "bf16"
-    materialize_hf(model, "cpu", scheme, seed=spec.seed)
+    materialize_hf(model, "cpu", spec.scheme if spec.form == "hf" else "bf16", seed=spec.seed)
     if spec.form == "engine":
         model = engine_from_hf(model, consume=True)
-        quantize.convert_linears(model, "block", skip=("lm_head",))
+        quantize.convert_linears(model, spec.scheme, skip=("lm_head",))
     return model.eval().requires_grad_(False)
 
 
@@ -136,6 +138,25 @@ def _quantized(n: int, k: int) -> bool:
     return n % BLOCK == 0 and k % BLOCK == 0
 
 
+def linear_shapes(spec: DecoderSpec) -> list[tuple[int, int]]:
+    """(N, K) of one decoder layer's linears: HF q / k / v, o, gate / up, down; engine qkv, o, gate_up, down."""
+    hd, h, kv, hidden, inter = spec.head_dim, spec.heads, spec.kv_heads, spec.hidden, spec.inter
+    if spec.form == "hf":
+        return [(h * hd, hidden), (kv * hd, hidden), (kv * hd, hidden), (hidden, h * hd), (inter, hidden),
+                (inter, hidden), (hidden, inter)]
+    return [((h + 2 * kv) * hd, hidden), (hidden, h * hd), (2 * inter, hidden), (hidden, inter)]
+
+
+def expected_fills(spec: DecoderSpec) -> int:
+    """Zero fills the pass must strip: one per per-tensor linear (``PerTensorFP8Linear`` allocates its activation
+    scale as ``torch.zeros(1)``, and ``dynamic_per_tensor_quant`` overwrites it); block linears allocate none.
+    ``quantize`` converts a linear per tensor where N and K are multiples of ``PER_TENSOR_ALIGN`` (lm_head skipped)."""
+    if spec.scheme != "per-tensor":
+        return 0
+    align = quantize.PER_TENSOR_ALIGN
+    return spec.layers * sum(n % align == 0 and k % align == 0 for n, k in linear_shapes(spec))
+
+
 def expected_counts(spec: DecoderSpec) -> dict[str, int]:
     """Rewrites the pass must apply to the graph of ``spec`` (DESIGN.md guards, issue 4's counts):
 
@@ -145,8 +166,11 @@ def expected_counts(spec: DecoderSpec) -> dict[str, int]:
     - silu fuses when down_proj is quantized;
     - bf16 only; a dynamic HF compile without specialized floats lifts eps into a graph input: no norm fuses;
     - dedup (bf16, HF form): n quantized linears reading one normed tensor leave n - 1 duplicates (fp16 / fp32
-      graphs are left exactly as they are, dedup included).
+      graphs are left exactly as they are, dedup included);
+    - per-tensor models have no group quant: none of these (their zero fills: ``expected_fills``).
     """
+    if spec.scheme == "per-tensor":  # its quant is no group quant: nothing for these fusions (nor for dedup)
+        return {}
     hd, h, kv, hidden, inter, L = spec.head_dim, spec.heads, spec.kv_heads, spec.hidden, spec.inter, spec.layers
     if spec.form == "hf":
         qkv = [_quantized(n, hidden) for n in (h * hd, kv * hd, kv * hd)]

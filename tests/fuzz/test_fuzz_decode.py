@@ -5,8 +5,9 @@ positions, through the pass; the attention rewrites (``decode_attention``, the R
 1. the pass records no error, and the rewritten graph is one Inductor can lower (every node has a fake value, no
    SymInt object in any node's arguments);
 2. it fuses or says why: the attention rewrites' counts equal ``expected_attention_counts``, the
-   norm / silu counts equal ``fuzz_models.expected_counts``, every rewrite the oracle does not expect has a rejection
-   per layer, and every norm / silu / quant left is named by one (``fuzz_harness.unexplained``);
+   norm / silu counts equal ``fuzz_models.expected_counts``, the zero fills stripped ``expected_fills`` (per-tensor
+   models: one per linear), every rewrite the oracle does not expect has a rejection per layer, and every
+   norm / silu / quant left is named by one (``fuzz_harness.unexplained``);
 3. the logits with and without the pass agree within the numerics contract, and the caches too: the step's slots
    within the same bound, every other slot exactly as it was (with and without the pass, each run from the same
    cache: ``fuzz_harness`` puts back what the graph without the pass wrote).
@@ -28,7 +29,7 @@ from fuzz_decode import (
     token_form,
 )
 from fuzz_harness import Recorder, applied_counts, raw_symbols, same, unexplained
-from fuzz_models import DecoderSpec, expected_counts
+from fuzz_models import DecoderSpec, expected_counts, expected_fills
 from fuzz_stats import REASONS, TALLY, profile
 from hypothesis import example, given, note
 
@@ -67,6 +68,8 @@ def check_report(spec: DecodeSpec, capture) -> None:
         if has_candidate and not counts.get(name):
             assert rejected.count(name) >= spec.model.layers, (name, report.render())
     assert applied_counts(report) == expected_counts(spec.model), report.render()
+    fills = (counts["fills_stripped"], counts["fills_kept"])
+    assert fills == (expected_fills(spec.model), 0), (fills, report.render())
     assert unexplained(capture) == [], report.render()
     details = [d.detail for d in report.applied if d.pattern == "decode_attention"]
     tokens_form = sum("tokens per kv head" in d for d in details)
@@ -78,6 +81,8 @@ def check_report(spec: DecodeSpec, capture) -> None:
     assert quantized == (tokens_form if heads_fold_the_quant(spec) else 0), report.render()
     TALLY["decode attention in the token form"] += tokens_form
     TALLY["decode attention in the token form, quantized"] += quantized
+    TALLY[f"decode attention in the token form ({spec.model.scheme})"] += tokens_form
+    TALLY[f"decode zero fills stripped ({spec.model.scheme})"] += counts["fills_stripped"]
     TALLY["decode graphs"] += 1
     for name, n in counts.items():
         if name in ATTENTION_REWRITES and n:
@@ -94,7 +99,10 @@ def close(name: str, without: torch.Tensor, with_pass: torch.Tensor, exact: torc
     """NaN / inf on the same positions, and within the contract's bound of each other; or, where the pass changed
     the attention's numerics (``decode_attention`` does not round scores and probabilities to bf16 as the plain
     graph does, and fp8 quantization downstream turns those ulps into whole fp8 steps), no farther from the exact
-    attention than the plain graph is, by ``tolerances.pass_vs_eager_bound``."""
+    attention than the plain graph is, by ``tolerances.pass_vs_eager_bound``. Per-tensor models share these bounds:
+    the pass leaves their quant as it is (zero-fill stripping is bit-exact, docs/numerics.md) and the rewrites before
+    it are the block models'; their NaN / inf cases poison every row through the one scale, with and without the
+    pass alike, so there only the non-finite positions are compared."""
     c = verify.compare("decode", name, without, with_pass, REL_L2)
     assert c.positions_agree, c
     if c.ok:
@@ -179,9 +187,15 @@ def check_call(run: DecodeRun, call, slots, exact) -> None:
     # form's launch (rope_decode_attention_tokens_quant) at a symbolic batch, both layers
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=4, cache_len=12, steps=2, dynamic="batch", case="random-2", tokens=2))
+@example(  # per-tensor Qwen3 engine, 3 tokens per step, heads of 128: the token form without the quant
+    # (decode_attention_tokens, then rope_decode_attention_tokens), as the o_proj's one scale over the whole tensor
+    # is no group quant a launch per head could take; every scale buffer's zero fill stripped
+    spec=DecodeSpec(DecoderSpec("qwen3", "engine", 256, 256, 4, 2, 128, 2, 1e-6, False, False, "bf16", False, False,
+                                ((1, 1),), scheme="per-tensor"), batch=3, cache_len=10, steps=2, dynamic="static",
+                    tokens=3))
 @example(  # Llama engine, 3 tokens per step (a speculative-decoding check): the attention with a causal mask per
     # token (rows 2 x 3; heads of 64, so the token form without the quant, which stays its own launch),
-    # rope_attention reported (the fused kernel writes the quantized form only), the three slots per row written
+    # rope_attention takes the RoPE into that launch (rope_decode_attention_tokens), the three slots per row written
     spec=DecodeSpec(DecoderSpec("llama", "engine", 256, 256, 4, 2, 64, 1, 1e-6, False, False, "bf16", False, False,
                                 ((1, 1),)), batch=3, cache_len=10, steps=2, dynamic="static", tokens=3))
 @example(  # as the long profile found: Qwen2 engine, 2 layers, layer 1's v slot 0.057 rel L2 from the plain graph's
@@ -253,6 +267,7 @@ def test_random_decode_steps(spec: DecodeSpec):
         check_call(run, call, written, exact)
         TALLY["decode steps"] += 1
     TALLY[f"decode models {spec.model.form} {spec.dynamic}"] += 1
+    TALLY[f"decode models {spec.model.scheme} {spec.model.form}"] += 1
     TALLY[f"decode inputs {spec.case}"] += spec.steps
     for name in spec.disabled:
         TALLY[f"decode models with {name} off"] += 1
