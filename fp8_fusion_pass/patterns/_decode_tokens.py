@@ -49,9 +49,11 @@ _SAME_ORDER = (*_graph.RESHAPES, aten.clone.default)  # nodes that keep their in
 MAX_TOKENS = 16
 # The most query rows per kv head (G heads x S tokens) the token form takes, where decode_attention.MAX_ROWS (the
 # masked form's bound) is lower: the kernel lost to Inductor's attention at 32 rows in the masked form, with copies
-# and a quant launch on both sides; the token form has neither. Held at the masked form's 16 until timed against
-# Inductor's attention with its copies and quant (benchmarks/attention_decode.py --impls math+quant,tokens_quant).
-MAX_ROWS = 16
+# and a quant launch on both sides; the token form has neither. At 32 rows (8 tokens x 4 heads, 8B heads) it took
+# 10.5 / 13.7 / 32.3 us against Inductor's attention with its copies and quant 14.5 / 20.7 / 59.7 us at batch 1 / 8 /
+# 32, and the Llama-3.1-8B engine step of 8 tokens was 3.893 / 4.379 ms with 32 against 4.107 / 4.739 ms with 16
+# at batch 1 / 8 (H100, 2026-12-06, `issue7.sh rows`; docs/benchmarks.md). 64 rows, the kernel's tile, untimed.
+MAX_ROWS = 32
 
 
 def _positions(keep: Node, s4) -> tuple[Node, int, int] | None:
