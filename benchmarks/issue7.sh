@@ -26,15 +26,17 @@
 #     OUT=$OUT bash benchmarks/issue7.sh rope    steps of 4 tokens with the RoPE / cache writes in the token form's
 #                                               launch (rope_decode_attention_tokens_quant) and without (the pass minus
 #                                               rope_attention), interleaved: the op's GPU tests, the ops alone, the
-#                                               8B models' engine steps at batch 8 and 32 (not yet run; ~300 s est.)
-#     OUT=$OUT bash benchmarks/issue7.sh rope32b  the same A/B on Qwen3-32B's 2-token steps at batch 1 and 8
+#                                               8B models' engine steps at batch 8 and 32 (155 s on a fresh H100
+#                                               before --interleave 3 was added; 3 rounds of Llama: 51 s)
+#     OUT=$OUT bash benchmarks/issue7.sh rope32b  the same A/B on Qwen3-32B's 2-token steps at batch 1 and 8 (112 s)
 #     OUT=$OUT bash benchmarks/issue7.sh plain   the token form without the quant (a per-tensor o_proj): its GPU
 #                                               tests, then per-tensor 8B engine steps of 4 tokens at batch 8 and 32
-#                                               with and without rope_attention (rope_decode_attention_tokens)
+#                                               with and without rope_attention (rope_decode_attention_tokens) (132 s)
 #     OUT=$OUT bash benchmarks/issue7.sh rows    steps of 8 tokens (32 rows per kv head) in the token form against
 #                                               Inductor's attention: the attention alone with its copies and quant,
 #                                               then Llama-3.1-8B engine steps at batch 1 and 8 with
-#                                               _decode_tokens.MAX_ROWS = 32 and = 16
+#                                               _decode_tokens.MAX_ROWS = 32 and = 16 (111 s; times of the thirty-second
+#                                               session, H100, warm machine after rope)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -83,13 +85,13 @@ case "${1:-}" in
           python benchmarks/rope_attention.py --batches 8,32 --tokens 4 > "$out/rope_tokens_ops.txt" 2>&1
           tail -6 "$out/rope_tokens_ops.txt"
           "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms engine --batches 8,32 --tokens 4 \
-              --also=-rope_attention --json "$out/rope_tokens_engine.json" ;;  # not decode_*.json: no target counts
+              --also=-rope_attention --interleave 3 --json "$out/rope_tokens_engine.json" ;;  # not decode_*.json: no target counts
     rope32b) "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 2 --also=-rope_attention \
                  --json "$out/rope_tokens_32b.json" ;;  # steps of several tokens
     plain) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py \
                -k "without_the_quant or (rope_tokens and plain)" > "$out/plain_tests.log" 2>&1; tail -2 "$out/plain_tests.log"
            "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms engine --batches 8,32 --tokens 4 --scheme per-tensor \
-               --also=-rope_attention --json "$out/plain_tokens_engine.json" ;;  # per-tensor: no target counts it
+               --also=-rope_attention --interleave 3 --json "$out/plain_tokens_engine.json" ;;  # per-tensor: no target counts it
     rows) python benchmarks/attention_decode.py --tokens 8 --heads 32 --batches 1,8,32 \
               --impls math+quant,masked+quant,tokens_quant > "$out/rows32_ops.txt" 2>&1; tail -8 "$out/rows32_ops.txt"
           for most in 32 16; do  # not decode_*.json: no target counts steps of several tokens
