@@ -150,17 +150,18 @@ def rewrite(graph: Graph, att: Node, af: Node, q_chain: list[Node]) -> str:
     quant = att.target in QUANTIZED
     group = att.args[5] if quant else 0
     op = _FUSED_FOR[att.target]
-    plain_tokens = op is FUSED_TOKENS_PLAIN  # one output, no group_size
+    # the fused op's schema says what it takes and returns: auto_functionalized_v2 gives its returns, then the bases
+    grouped = {"group_size": group} if any(a.name == "group_size" for a in op._schema.arguments) else {}
     with _graph.Edit(graph, before=att) as e:
         new = e.call(auto_functionalized_v2, op, q=kw["q"], wq=kw.get("wq"), k=kw["k"], wk=kw.get("wk"),
                      eps=kw.get("eps", 0.0), cos=kw["cos"], sin=kw["sin"], v=kw["v"], positions=kw["positions"],
-                     last=att.args[3], scale=att.args[4], **({} if plain_tokens else {"group_size": group}),
-                     _k_cache_base_index=0, _v_cache_base_index=1, _all_bases=list(kw["_all_bases"]))  # fmt: skip
-        outputs = [e.call(operator.getitem, new, i) for i in range(3 if plain_tokens else 4)]
-        o, scales, k_cache, v_cache = (outputs[0], None, *outputs[1:]) if plain_tokens else outputs
+                     last=att.args[3], scale=att.args[4], **grouped, _k_cache_base_index=0, _v_cache_base_index=1,
+                     _all_bases=list(kw["_all_bases"]))  # fmt: skip
+        o, *rest = (e.call(operator.getitem, new, i) for i in range(len(op._schema.returns) + 2))
+        scales, (k_cache, v_cache) = rest[:-2], rest[-2:]  # scales: [] for an op returning o alone
     if quant:
         for u in list(att.users):  # the pair's getitems: 0 the fp8 output, 1 its scales
-            u.replace_all_uses_with(o if u.args[1] == 0 else scales)
+            u.replace_all_uses_with(o if u.args[1] == 0 else scales[0])
     else:
         att.replace_all_uses_with(o)
     outs[1].replace_all_uses_with(k_cache)
