@@ -22,7 +22,9 @@ against the fp32 math reference:
   output laid out and quantized for the o_proj: ``masked+quant`` (what the graph ran before the token form: q copied
   into grouped rows, the masked op, the output copied back, ``group_quant``) and ``math+quant`` (the same with
   Inductor's math attention: what the graph keeps above ``decode_attention.MAX_ROWS``) against ``tokens_quant``
-  (``decode_attention_tokens_quant``, one launch); their error is that of the dequantized output.
+  (``decode_attention_tokens_quant``, one launch); their error is that of the dequantized output. With no quant to
+  fold (a per-tensor or bf16 o_proj): ``masked+copy`` and ``math+copy`` (the same graphs without the quant) against
+  ``tokens`` (``decode_attention_tokens``).
 
 ``--sweep`` times every ``AttentionConfig`` of ``SWEEP`` on the kernel alone (20 calls per CUDA graph, so the
 graph launch is not counted), per batch, and prints the best: the upto form (``--sweep-mask``: the mask form; with
@@ -51,7 +53,8 @@ from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
 ONE_TOKEN = ("fused_upto", "upto+quant", "upto_quant")  # the forms that read one position per batch row
-TOKENS = ("masked+quant", "math+quant", "tokens_quant")  # several tokens per row, the output the o_proj's input
+# several tokens per row, the output the o_proj's input: quantized for a block-FP8 o_proj, else plain [B, S, H, D]
+TOKENS = ("masked+quant", "math+quant", "tokens_quant", "masked+copy", "math+copy", "tokens")
 # The sweep's check of each config against fp32 attention (relative L2): the kernel rounds p and the output, ~2.3e-3
 # (as tests/tolerances.py ATTENTION_REL_L2: a wrong max, sum or merge gives > 0.1).
 CHECK_REL_ERR = 6e-3
@@ -95,18 +98,23 @@ def upto_quant(q, k_cache, v_cache, positions, scale, fused: bool):
     return torch.ops.fp8_fusion.group_quant(torch.ops.fp8_fusion.decode_attention_upto(*args), 128)
 
 
-def tokens_quant(q, k_cache, v_cache, positions, scale, impl: str):
-    """``q [B, H, S, D]`` (the RoPE op's transposed view) to the o_proj's quantized input, ``[B, S, H, D]`` and its
-    scales ``[B, S, H, 1]``: ``decode_attention_tokens_quant``, or the masked op (``masked+quant``) or Inductor's math
-    form (``math+quant``, what the graph keeps above ``decode_attention.MAX_ROWS``) between two copies and the quant."""
+def tokens_step(q, k_cache, v_cache, positions, scale, impl: str):
+    """``q [B, H, S, D]`` (the RoPE op's transposed view) to the o_proj's input ``[B, S, H, D]``, quantized with its
+    scales ``[B, S, H, 1]`` for the ``+quant`` / ``_quant`` forms: ``decode_attention_tokens(_quant)``, or the masked
+    op (``masked+``) or Inductor's math form (``math+``, what the graph keeps above ``_decode_tokens.MAX_ROWS``)
+    between two copies (and the quant)."""
     b, h, s, d = q.shape
     if impl == "tokens_quant":
         return torch.ops.fp8_fusion.decode_attention_tokens_quant(q, k_cache, v_cache, positions, scale, 128)
-    if impl == "math+quant":
+    if impl == "tokens":
+        return torch.ops.fp8_fusion.decode_attention_tokens(q, k_cache, v_cache, positions, scale)
+    if impl.startswith("math+"):
         o = decode_attention(q, k_cache, v_cache, positions, scale, "math")
     else:
         o = fused(q, k_cache, v_cache, positions, scale)
     x = o.transpose(1, 2).reshape(b, s, h * d)
+    if impl.endswith("+copy"):
+        return x.reshape(b, s, h, d)
     o, sc = torch.ops.fp8_fusion.group_quant(x, 128)
     return o.reshape(b, s, h, d), sc.reshape(b, s, h, d // 128)
 
@@ -114,7 +122,7 @@ def tokens_quant(q, k_cache, v_cache, positions, scale, impl: str):
 def compiled(impl: str, scale: float):
     torch._dynamo.reset()
     if impl in TOKENS:
-        return torch.compile(lambda q, kc, vc, pos: tokens_quant(q, kc, vc, pos, scale, impl))
+        return torch.compile(lambda q, kc, vc, pos: tokens_step(q, kc, vc, pos, scale, impl))
     if impl in ("upto+quant", "upto_quant"):
         return torch.compile(lambda q, kc, vc, pos: upto_quant(q, kc, vc, pos, scale, impl == "upto_quant"))
     if impl in ("fused", "fused_upto"):
@@ -195,7 +203,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
     p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,upto+quant,upto_quant,"
-                                      "math+pass,masked+quant,math+quant,tokens_quant")
+                                      "math+pass," + ",".join(TOKENS))
     p.add_argument("--tokens", type=int, default=1, help="query tokens per row (more than one: a step verifying draft "
                    "tokens; the one-token forms fused_upto, upto+quant and upto_quant are left out)")
     p.add_argument("--heads", type=int, default=32, help="query heads (over 8 kv heads): 32 for the 8B models, 64 for "
@@ -229,7 +237,9 @@ def main(argv=None) -> int:
                 us = time_replays(graph, 200) * 1e3
                 if isinstance(out, (tuple, list)):  # fp8 and its scales: the dequantized output
                     out = out[0].float() * out[1]
-                    out = (out.transpose(1, 2) if impl in TOKENS else out).reshape(want.shape)
+                if impl in TOKENS:  # [B, S, H, D], the o_proj's layout
+                    out = out.transpose(1, 2)
+                out = out.reshape(want.shape)
                 err = ((out.float() - want.float()).norm() / want.float().norm()).item()
                 rows.append([batch, impl, f"{us:.1f}", f"{roof_us:.2f}", f"{us / roof_us:.1f}x", f"{err:.1e}"])
             except Exception as e:  # report and go on: one formulation failing must not hide the others

@@ -36,7 +36,11 @@
 #                                               Inductor's attention: the attention alone with its copies and quant,
 #                                               then Llama-3.1-8B engine steps at batch 1 and 8 with
 #                                               _decode_tokens.MAX_ROWS = 32 and = 16 (111 s; times of the thirty-second
-#                                               session, H100, warm machine after rope)
+#                                               session, H100, warm machine after rope); with the plain forms
+#                                               (a per-tensor o_proj's) beside the quantized ones since
+#     OUT=$OUT bash benchmarks/issue7.sh rows64  64 rows per kv head (8 tokens x 8 heads), above the committed bound:
+#                                               the attention alone (quantized and plain), then Qwen3-32B engine steps
+#                                               of 8 tokens (16 layers) at batch 1 and 8 with MAX_ROWS = 64 and = 32
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -93,13 +97,20 @@ case "${1:-}" in
            "${decode[@]}" --presets llama3.1-8b,qwen3-8b --forms engine --batches 8,32 --tokens 4 --scheme per-tensor \
                --also=-rope_attention --interleave 3 --json "$out/plain_tokens_engine.json" ;;  # per-tensor: no target counts it
     rows) python benchmarks/attention_decode.py --tokens 8 --heads 32 --batches 1,8,32 \
-              --impls math+quant,masked+quant,tokens_quant > "$out/rows32_ops.txt" 2>&1; tail -8 "$out/rows32_ops.txt"
+              --impls math+quant,masked+quant,tokens_quant,math+copy,masked+copy,tokens > "$out/rows32_ops.txt" 2>&1
+          tail -14 "$out/rows32_ops.txt"
           for most in 32 16; do  # not decode_*.json: no target counts steps of several tokens
               "${decode[@]}" --presets llama3.1-8b --forms engine --batches 1,8 --tokens 8 \
                   --set "patterns._decode_tokens.MAX_ROWS=$most" --json "$out/rows_engine_max$most.json" || exit $?
           done ;;
+    rows64) python benchmarks/attention_decode.py --tokens 8 --heads 64 --batches 1,8,32 \
+                --impls math+quant,tokens_quant,math+copy,tokens > "$out/rows64_ops.txt" 2>&1; tail -10 "$out/rows64_ops.txt"
+            for most in 64 32; do  # Qwen3-32B's 8 heads per kv head x 8 tokens: 64 rows, above the committed bound
+                "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 8 --layers 16 \
+                    --set "patterns._decode_tokens.MAX_ROWS=$most" --json "$out/rows64_engine_max$most.json" || exit $?
+            done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

@@ -88,6 +88,19 @@ def test_attention_decode_times_the_token_form_against_the_masked_one(on_cpu, ca
     assert "tokens_quant" not in capsys.readouterr().out
 
 
+def test_attention_decode_times_the_plain_token_form_against_the_masked_one(on_cpu, capsys):
+    # no quant to fold (a per-tensor o_proj): the masked op and the math form between their copies against
+    # decode_attention_tokens, each output [B, S, H, D] held to fp32 attention in its own layout
+    args = ["--batches", "2", "--tokens", "3", "--heads", "16", "--impls", "masked+copy,math+copy,tokens",
+            "--context", "20", "--max-seq", "32"]  # fmt: skip
+    assert attention_decode.main(args) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("2 ")]
+    assert sorted(r[1] for r in rows) == ["masked+copy", "math+copy", "tokens"], rows
+    errs = {r[1]: float(r[-1]) for r in rows}
+    assert errs["tokens"] < 1e-3 and errs["masked+copy"] < 1e-3, errs  # bf16 outputs of fp32 sums (a layout slip: ~1.4)
+    assert errs["math+copy"] < 1e-2, errs  # its bf16 scores
+
+
 def test_attention_decode_sweeps_the_rows_of_a_step_of_several_tokens(on_cpu, capsys):
     # the kernel alone (the interpreter) at 2 query heads per kv head x 4 tokens, each token its own mask row; the
     # upto form reads one position a row, so several tokens take the mask form only
