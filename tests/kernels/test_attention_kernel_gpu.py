@@ -65,7 +65,7 @@ def test_upto_quant_is_the_op_then_group_quant(b):
 
 
 @pytest.mark.parametrize("b", [1, 8, 32])
-@pytest.mark.parametrize("g, s", [(4, 4), (8, 2), (4, 2)])
+@pytest.mark.parametrize("g, s", [(4, 4), (8, 2), (4, 2), (4, 8), (8, 8)])  # 16 ... 64 rows (the kernel's most)
 def test_tokens_quant_is_the_masked_pair(b, g, s):
     # q read and o_q / scales written at their own strides, a position per token: against the masked kernel on the
     # copied q, the copy back and group_quant, after dequantizing (two compiles of the kernel may round the bf16
@@ -82,7 +82,7 @@ def test_tokens_quant_is_the_masked_pair(b, g, s):
 
 
 @pytest.mark.parametrize("b", [1, 8, 32])
-@pytest.mark.parametrize("g, s, d", [(4, 4, 128), (4, 4, 64), (8, 2, 128)])
+@pytest.mark.parametrize("g, s, d", [(4, 4, 128), (4, 4, 64), (8, 2, 128), (4, 8, 128), (8, 8, 128)])
 def test_tokens_without_the_quant_is_the_masked_op_and_the_copy(b, g, s, d):
     # decode_attention_tokens (an o_proj reading q's dtype; heads of 64 too): the masked kernel on the copied q, then
     # the copy back to [B, S, Hq, D]; within 1e-2 (two compiles may round an ulp apart), NaN where nothing is seen
@@ -153,7 +153,7 @@ def test_rope_decode_attention_is_the_rope_cache_op_then_the_attention(norm, b, 
 
 @pytest.mark.parametrize("quant", [True, False], ids=["quant", "plain"])
 @pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
-@pytest.mark.parametrize("b, hq, s", [(1, 32, 4), (8, 32, 4), (32, 32, 4), (8, 64, 2)])
+@pytest.mark.parametrize("b, hq, s", [(1, 32, 4), (8, 32, 4), (32, 32, 4), (8, 64, 2), (8, 32, 8), (1, 64, 8)])
 def test_rope_tokens_is_the_rope_cache_op_then_the_token_form(quant, norm, b, hq, s):
     # a step of S tokens as the pass leaves it without rope_attention: the RoPE kernel, then the token form (plain:
     # rope_decode_attention_tokens against decode_attention_tokens, no quant)

@@ -219,6 +219,7 @@ def test_upto_quant_op_checks_the_group():
 @pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT], ids=str)
 @pytest.mark.parametrize("b, hkv, g, s, t, d, group_size", [
     (2, 2, 4, 4, 64, 128, 128), (1, 2, 2, 3, 40, 64, 32), (3, 1, 8, 2, 100, 128, 64), (2, 2, 4, 1, 64, 128, 128),
+    (2, 1, 4, 8, 40, 64, 64), (2, 1, 8, 8, 40, 64, 64),  # 32 rows (the pass's bound), 64 (the kernel's most)
 ])  # fmt: skip
 def test_tokens_quant_is_the_masked_pair_bit_for_bit(cfg, b, hkv, g, s, t, d, group_size):
     # rows = (head, token) read and written at their own strides, each token's position compared per row: the same
@@ -260,7 +261,8 @@ def test_tokens_quant_op_runs_the_triton_kernel_and_checks_inputs():
 
 
 @pytest.mark.parametrize("cfg", [kernel.DEFAULT, ONE_SPLIT], ids=str)
-@pytest.mark.parametrize("b, hkv, g, s, t, d", [(2, 2, 4, 4, 64, 128), (1, 2, 2, 3, 40, 64), (3, 1, 8, 2, 100, 96)])
+@pytest.mark.parametrize("b, hkv, g, s, t, d", [(2, 2, 4, 4, 64, 128), (1, 2, 2, 3, 40, 64), (3, 1, 8, 2, 100, 96),
+                                                (2, 1, 8, 8, 40, 64)])  # 64 rows, the kernel's most
 def test_tokens_without_the_quant_is_the_masked_op_and_the_copy(cfg, b, hkv, g, s, t, d):
     # decode_attention_tokens: the token form for an o_proj that takes q's dtype (any head dim, no groups): the masked
     # kernel on the copied q, then the copy back to [B, S, Hq, D], bit for bit
