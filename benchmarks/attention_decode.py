@@ -178,7 +178,7 @@ def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, toke
         times.sort(key=lambda x: x[0])
         sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
         splits = [kernel.plan(batch * hkv, max_seq, sms, c)[0] for _, c in times[:3]]
-        chosen = kernel.config_for(batch * hkv)
+        chosen = kernel.config_for(batch * hkv, r)
         default = next((us for us, c in times if c == chosen), float("nan"))
         log(f"sweep batch {batch}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
         best.append([batch, f"{times[0][0]:.2f}", str(times[0][1]), splits[0], f"{default:.2f}", f"{times[-1][0]:.2f}",

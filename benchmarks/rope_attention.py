@@ -105,7 +105,7 @@ def sweep(batches, models, heads, max_seq: int, context: int) -> None:
                 graph, _ = capture(run, args)
                 times.append((time_replays(graph, 20) * 1e3 / reps, cfg))
             times.sort(key=lambda x: x[0])
-            chosen = kernel.config_for(batch * hk)
+            chosen = kernel.config_for(batch * hk, hq // hk)  # one token: the rows are the heads per kv head
             table_us = next((us for us, c in times if c == chosen), float("nan"))
             log(f"sweep batch {batch} {model} {hq}/{hk}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
             best.append([batch, model, f"{hq}/{hk}", f"{times[0][0]:.2f}", str(times[0][1]), f"{table_us:.2f}",

@@ -52,8 +52,12 @@ MAX_TOKENS = 16
 # and a quant launch on both sides; the token form has neither. At 32 rows (8 tokens x 4 heads, 8B heads) it took
 # 10.5 / 13.7 / 32.3 us against Inductor's attention with its copies and quant 14.5 / 20.7 / 59.7 us at batch 1 / 8 /
 # 32, and the Llama-3.1-8B engine step of 8 tokens was 3.893 / 4.379 ms with 32 against 4.107 / 4.739 ms with 16
-# at batch 1 / 8 (H100, 2026-12-06, `issue7.sh rows`; docs/benchmarks.md). 64 rows, the kernel's tile, untimed.
-MAX_ROWS = 32
+# at batch 1 / 8 (H100, 2026-12-06, `issue7.sh rows`; docs/benchmarks.md). At 64 rows (Qwen3-32B's 8 heads x 8
+# tokens, the kernel's most), with the kernel's configs by rows (``decode_attention.WIDE``), it took 16.7 / 20.0 /
+# 32.7 us against 15.5 / 23.7 / 110.6 (the plain form 14.3 / 16.8 / 31.8 against 14.2 / 21.3 / 107.8) at batch 1 /
+# 8 / 32, and the Qwen3-32B step of 8 tokens (4 layers, the RoPE launch kept: rope_attention.MAX_TOKEN_ROWS) was
+# 1.418 / 1.525 ms against 1.416 / 1.551 with 32 at batch 1 / 8 (H100, 2026-12-06, thirty-third session).
+MAX_ROWS = 64
 
 
 def _positions(keep: Node, s4) -> tuple[Node, int, int] | None:

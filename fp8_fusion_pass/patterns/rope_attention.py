@@ -29,8 +29,9 @@ Guards, each with its reason (``rope_attention_not_single``): one token per step
 op's q [B, Hq, S, D] as it is; the RoPE op's q read by this attention alone, through reshapes that keep its [B, Hq, 1,
 D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
 the caches that op wrote, whole (no view of a cache base); its outputs read one by one; a head dim the kernel takes
-(a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads
-(``unfused_pair_faster``: measured slower above). A kernel for the device (``no_fused_kernel``).
+(a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads, and in the
+token form at most ``MAX_TOKEN_ROWS`` query rows per kv head (``unfused_pair_faster``: each measured slower above).
+A kernel for the device (``no_fused_kernel``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ _op = _graph.is_call
 # before; at batch 1-32 (8-256 pairs) it was 0.6-1.4% faster (H200, 2026-12-03, docs/benchmarks.md, "The RoPE in
 # the attention's launch"). Llama's RoPE alone was faster at every batch, 1-64.
 MAX_NORM_PAIRS = 256
+# The token form's rows per kv head (G heads x S tokens) whose RoPE the attention's prologue takes: each program
+# RoPEs its kv head's rows before its key loop. At 64 rows (Qwen3-32B's 8 heads x 8 tokens) that made the 4-layer
+# step slower than the RoPE launch beside the attention, 1.462 / 1.580 against 1.418 / 1.525 ms at batch 1 / 8; at
+# 32 rows (8 heads x 4 tokens) the two tied, 1.395 / 1.464 against 1.397 / 1.462 (H100, 2026-12-06, thirty-third
+# session; docs/benchmarks.md, "64 rows per kv head"). Llama's RoPE alone at 64 rows (4 heads x 16 tokens) is untimed.
+MAX_TOKEN_ROWS = 32
 
 
 def _rope_op_of_q(node: Node) -> Node | None:
@@ -129,6 +136,12 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
     if att.target in (TOKENS, TOKENS_PLAIN):  # the RoPE op's q [B, Hq, S, D] as it is (the token form: any strides)
         if not _graph.shape_is(q4, (b, hq, s, d)):
             return no(f"the attention reads q as {tuple(q4.shape)}, not the RoPE op's [B, Hq, S, D]")
+        rows = hq // hkv * s if isinstance(hq, int) and isinstance(hkv, int) else None
+        if not (rows is not None and statically_known_true(rows <= MAX_TOKEN_ROWS)):
+            return guards.reject("unfused_pair_faster", f"{hq} query heads over {hkv} kv heads x {s} tokens: "
+                                 f"{rows or 'symbolic'} rows per kv head, above {MAX_TOKEN_ROWS}, whose RoPE in the "
+                                 "attention's prologue measured slower than the RoPE launch (Qwen3-32B at 64 rows); "
+                                 "the RoPE and the attention stay two launches")  # fmt: skip
     elif not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
     elif not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * q4.shape[2]):

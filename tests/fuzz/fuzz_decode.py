@@ -226,8 +226,9 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
       ``MAX_ROWS`` query rows per kv head (G heads x the step's tokens; static: under ``dynamic=True`` a
       token count above one is symbolic, and a marked one always), head dim at most the kernel's; the batch and the
       cache length may be symbolic, heads never are (a kv-head count Dynamo fixed by a guard is static);
-    - ``rope_attention``: both of the above, one token per step or the token form (``token_form``), a power-of-two
-      head dim of at least 16, and with q / k norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
+    - ``rope_attention``: both of the above, one token per step or the token form (``token_form``) of at most
+      ``MAX_TOKEN_ROWS`` rows per kv head, a power-of-two head dim of at least 16, and with q / k norms a batch x kv
+      heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
     - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), at most ``GQA_MAX_QUERY_TOKENS`` tokens per
       step, static or marked with a ``max=`` (under ``dynamic=True``, or marked without one, a count above one is
@@ -280,7 +281,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         candidates.add("rope_attention")
         pairs_ok = m.family != "qwen3" or (not symbolic_batch and spec.batch * m.kv_heads
                                            <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
-        if (spec.tokens == 1 or token_form(spec)) and d >= 16 and pairs_ok:
+        rows_ok = spec.tokens == 1 or (token_form(spec) and rows <= rope_attention.MAX_TOKEN_ROWS)
+        if rows_ok and d >= 16 and pairs_ok:
             out["rope_attention"] = layers
     if "decode_attention" in either:
         either.add("rope_attention")  # a candidate only where the attention was taken

@@ -42,12 +42,21 @@ def test_matches_reference(cfg, b, hkv, r, t, d, positions):
     assert rel_l2(got, want) <= tolerances.ATTENTION_REL_L2
 
 
-@pytest.mark.parametrize("pairs", [most for most, _ in kernel.TABLE[:-1]] + [1 << 20])
-def test_table_rows_compute_the_reference(pairs):
-    cfg = kernel.config_for(pairs)
-    q, k, v, keep, scale = inputs(2, 2, 4, 300, 64, [299, 100])
+@pytest.mark.parametrize("rows, pairs", [(rows, min(most, 1 << 20)) for rows, table in kernel.WIDE
+                                         for most, _ in table])  # fmt: skip
+def test_table_rows_compute_the_reference(rows, pairs):
+    # every measured config, by rows per kv head and batch rows x kv heads, at its rows
+    cfg = kernel.config_for(pairs, rows)
+    q, k, v, keep, scale = inputs(2, 2, rows, 300, 64, [299, 100])
     got = kernel.decode_attention(q, k, v, keep, scale, cfg)
     assert rel_l2(got, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
+
+
+def test_rows_pick_their_table():
+    # the rows between measured ones take the next measured table; one token's rows (G <= 16) keep TABLE
+    assert kernel.config_for(8) == kernel.config_for(8, 16) == kernel.TABLE[0][1]
+    assert kernel.config_for(64, 17) == kernel.config_for(64, 32) != kernel.config_for(64, 16)
+    assert kernel.config_for(64, 33).programs == 0  # 64 rows at batch 8: one split per kv head, no merge
 
 
 def test_split_plan_covers_every_key():

@@ -195,13 +195,13 @@ def test_the_token_form_has_its_own_rows_bound(monkeypatch, variant):
     assert "6 query rows per kv head, above 4" in r.render()
 
 
-@pytest.mark.parametrize("tokens, taken", [(8, True), (9, False)])
-def test_the_committed_bounds_take_8_tokens_of_4_heads_per_kv_head(tokens, taken):
+@pytest.mark.parametrize("g, tokens, taken", [(4, 8, True), (8, 8, True), (8, 9, False)])
+def test_the_committed_bounds_take_64_rows_per_kv_head(g, tokens, taken):
     # as committed: a step of 8 tokens at the 8B models' 4 query heads per kv head (32 rows, above the masked form's
-    # 16) is the token form's (timed faster than Inductor's attention there, _decode_tokens.MAX_ROWS); 9 tokens
-    # (36 rows) keep the GEMMs
-    (gm,) = capture(_Step(), *_step_inputs(g=4, s=tokens))
+    # 16) or at Qwen3-32B's 8 (64 rows, the kernel's most) is the token form's (timed faster than Inductor's
+    # attention there, _decode_tokens.MAX_ROWS); 9 tokens at 8 heads (72 rows) keep the GEMMs
+    (gm,) = capture(_Step(), *_step_inputs(g=g, s=tokens))
     r, out = run_pass(gm, ALONE)
     assert count(out, TOKENS) == int(taken) and count(out, aten.bmm.default) == 2 * (not taken), r.render()
     if not taken:
-        assert f"{4 * tokens} query rows per kv head" in r.render()
+        assert f"{g * tokens} query rows per kv head" in r.render()

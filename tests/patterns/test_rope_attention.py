@@ -260,6 +260,25 @@ def test_steps_of_several_tokens_keep_the_norm_bound(monkeypatch):
     assert _count(out, torch.ops.fp8_fusion.decode_attention_tokens_quant.default) == LAYERS
 
 
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
+def test_steps_of_more_rows_than_the_token_bound_keep_two_launches(monkeypatch, preset):
+    # the token form above MAX_TOKEN_ROWS query rows per kv head keeps the RoPE launch (its RoPE in the attention's
+    # prologue measured slower at 64 rows); at the bound the rewrite takes it
+    from test_decode_tokens import _engine_tokens
+
+    model, ids, positions, new_cache = _engine_tokens(preset)
+    cache, _ = new_cache()
+    rows = model.config.num_attention_heads // model.config.num_key_value_heads * 4
+    for bound, taken in ((rows - 1, 0), (rows, LAYERS)):
+        monkeypatch.setattr(rope_attention, "MAX_TOKEN_ROWS", bound)
+        (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
+        r, out = run_pass(gm, FusionConfig())
+        assert r.counts().get("rope_attention", 0) == taken, r.render()
+        assert r.rejection_reasons().get("unfused_pair_faster", 0) == LAYERS - taken, r.render()
+        if not taken:
+            assert f"{rows} rows per kv head, above {bound}" in r.render()
+
+
 def test_a_step_of_several_tokens_whose_q_is_read_elsewhere_keeps_two_launches():
     # the fused op never writes the RoPE'd q out: another reader of it keeps the RoPE op, with its reason
     from test_decode_tokens import _engine_tokens

@@ -77,8 +77,25 @@ TABLE: tuple[tuple[int, AttentionConfig], ...] = (
 )
 
 
-def config_for(pairs: int) -> AttentionConfig:
-    return next(cfg for most, cfg in TABLE if pairs <= most)
+# Above 16 query rows per kv head (a step of several tokens: G heads x S tokens), by the same sweep in the mask form
+# at 32 rows (4 heads x 8 tokens, 8 x 4) and 64 (8 x 8) (H100, 2026-12-06, thirty-third session; docs/benchmarks.md,
+# "The attention's configs by rows"): each program's tile is rows x keys, so 4 warps beat 8 from batch 2 to 8
+# (32 rows at batch 8: 13.15 / 12.62 against TABLE's 14.39 / 13.74 us), and at 64 rows the splits' [64, D] fp32
+# partials cost more than the SMs they fill (batch 8: one split per kv head 14.29 against 21.85 us; batch 32:
+# 32-key tiles 32.71 against 37.04). Where a row of TABLE was within 3% of the sweep's best it stays.
+WIDE: tuple[tuple[int, tuple[tuple[int, AttentionConfig], ...]], ...] = (
+    (16, TABLE),
+    (32, ((8, TABLE[0][1]), (64, AttentionConfig(block_t=128, num_warps=4, num_stages=2, programs=1)), *TABLE[1:])),
+    (64, ((8, AttentionConfig(block_t=128, num_warps=4, num_stages=2, programs=4)),
+          (64, AttentionConfig(block_t=128, num_warps=4, num_stages=3, programs=0)),
+          (1 << 62, AttentionConfig(block_t=32, num_warps=4, num_stages=3, programs=1)))),
+)
+
+
+def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
+    """The measured config for ``pairs`` (batch rows x kv heads) of ``rows`` query rows each."""
+    table = next((t for most, t in WIDE if rows <= most), WIDE[-1][1])
+    return next(cfg for most, cfg in table if pairs <= most)
 
 
 MAX_SPLITS = 16  # the merge unrolls over the splits
@@ -488,7 +505,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         outputs = (out, (*out.stride()[:3], 0, out.stride(3)), scales, (*scales.stride()[:3], 0))
     out, out_strides, scales, scale_strides = outputs
     pairs = b * hkv
-    cfg = cfg or config_for(pairs)
+    cfg = cfg or config_for(pairs, r)
     if out.numel() == 0:
         return (out, scales) if quant or both else out
     block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
