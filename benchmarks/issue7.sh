@@ -38,9 +38,10 @@
 #                                               _decode_tokens.MAX_ROWS = 32 and = 16 (111 s; times of the thirty-second
 #                                               session, H100, warm machine after rope); with the plain forms
 #                                               (a per-tensor o_proj's) beside the quantized ones since
-#     OUT=$OUT bash benchmarks/issue7.sh rows64  64 rows per kv head (8 tokens x 8 heads), above the committed bound:
-#                                               the attention alone (quantized and plain), then Qwen3-32B engine steps
-#                                               of 8 tokens (16 layers) at batch 1 and 8 with MAX_ROWS = 64 and = 32
+#     OUT=$OUT bash benchmarks/issue7.sh rows64  64 rows per kv head (8 tokens x 8 heads, the committed bound since
+#                                               the thirty-third session): the attention alone (quantized and plain),
+#                                               then Qwen3-32B engine steps of 8 tokens (16 layers) at batch 1 and 8
+#                                               with MAX_ROWS = 64 and = 32 (its 4-layer form: 68 s on a warm H100)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s

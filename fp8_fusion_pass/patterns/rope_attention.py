@@ -138,10 +138,11 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
             return no(f"the attention reads q as {tuple(q4.shape)}, not the RoPE op's [B, Hq, S, D]")
         rows = hq // hkv * s if isinstance(hq, int) and isinstance(hkv, int) else None
         if not (rows is not None and statically_known_true(rows <= MAX_TOKEN_ROWS)):
-            return guards.reject("unfused_pair_faster", f"{hq} query heads over {hkv} kv heads x {s} tokens: "
-                                 f"{rows or 'symbolic'} rows per kv head, above {MAX_TOKEN_ROWS}, whose RoPE in the "
-                                 "attention's prologue measured slower than the RoPE launch (Qwen3-32B at 64 rows); "
-                                 "the RoPE and the attention stay two launches")  # fmt: skip
+            many = "symbolic" if rows is None else rows
+            return guards.reject("unfused_pair_faster", f"{hq} query heads over {hkv} kv heads x {s} tokens: {many} "
+                                 f"rows per kv head, above {MAX_TOKEN_ROWS}, whose RoPE in the attention's prologue "
+                                 "measured slower than the RoPE launch (Qwen3-32B at 64 rows); the RoPE and the "
+                                 "attention stay two launches")  # fmt: skip
     elif not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
     elif not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * q4.shape[2]):

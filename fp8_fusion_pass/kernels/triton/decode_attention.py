@@ -79,7 +79,7 @@ TABLE: tuple[tuple[int, AttentionConfig], ...] = (
 
 # Above 16 query rows per kv head (a step of several tokens: G heads x S tokens), by the same sweep in the mask form
 # at 32 rows (4 heads x 8 tokens, 8 x 4) and 64 (8 x 8) (H100, 2026-12-06, thirty-third session; docs/benchmarks.md,
-# "The attention's configs by rows"): each program's tile is rows x keys, so 4 warps beat 8 from batch 2 to 8
+# "64 rows per kv head"): each program's tile is rows x keys, so 4 warps beat 8 from batch 2 to 8
 # (32 rows at batch 8: 13.15 / 12.62 against TABLE's 14.39 / 13.74 us), and at 64 rows the splits' [64, D] fp32
 # partials cost more than the SMs they fill (batch 8: one split per kv head 14.29 against 21.85 us; batch 32:
 # 32-key tiles 32.71 against 37.04). Where a row of TABLE was within 3% of the sweep's best it stays.
