@@ -41,7 +41,8 @@
 #     OUT=$OUT bash benchmarks/issue7.sh rows64  64 rows per kv head (8 tokens x 8 heads, the committed bound since
 #                                               the thirty-third session): the attention alone (quantized and plain),
 #                                               then Qwen3-32B engine steps of 8 tokens (16 layers) at batch 1 and 8
-#                                               with MAX_ROWS = 64 and = 32 (its 4-layer form: 68 s on a warm H100)
+#                                               with MAX_ROWS = 64 and = 32 (its 4-layer form: 68 s on a warm H100),
+#                                               then 64 with rope_attention taking 64 rows (MAX_TOKEN_ROWS = 64)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -106,9 +107,12 @@ case "${1:-}" in
           done ;;
     rows64) python benchmarks/attention_decode.py --tokens 8 --heads 64 --batches 1,8,32 \
                 --impls math+quant,tokens_quant,math+copy,tokens > "$out/rows64_ops.txt" 2>&1; tail -10 "$out/rows64_ops.txt"
-            for most in 64 32; do  # Qwen3-32B's 8 heads per kv head x 8 tokens: 64 rows, above the committed bound
+            # Qwen3-32B's 8 heads per kv head x 8 tokens: 64 rows; the token form (RoPE launch kept), Inductor's
+            # attention (32), the token form with its RoPE in the launch (on TABLE's 8-warp rows)
+            for run in "tokens:MAX_ROWS=64" "inductor:MAX_ROWS=32" \
+                       "rope:MAX_ROWS=64,patterns.rope_attention.MAX_TOKEN_ROWS=64"; do
                 "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 8 --layers 16 \
-                    --set "patterns._decode_tokens.MAX_ROWS=$most" --json "$out/rows64_engine_max$most.json" || exit $?
+                    --set "patterns._decode_tokens.${run#*:}" --json "$out/rows64_engine_${run%%:*}.json" || exit $?
             done ;;
     targets) ;;
     *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|targets" >&2; exit 2 ;;

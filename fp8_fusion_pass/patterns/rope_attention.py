@@ -70,7 +70,9 @@ MAX_NORM_PAIRS = 256
 # RoPEs its kv head's rows before its key loop. At 64 rows (Qwen3-32B's 8 heads x 8 tokens) that made the 4-layer
 # step slower than the RoPE launch beside the attention, 1.462 / 1.580 against 1.418 / 1.525 ms at batch 1 / 8; at
 # 32 rows (8 heads x 4 tokens) the two tied, 1.395 / 1.464 against 1.397 / 1.462 (H100, 2026-12-06, thirty-third
-# session; docs/benchmarks.md, "64 rows per kv head"). Llama's RoPE alone at 64 rows (4 heads x 16 tokens) is untimed.
+# session; docs/benchmarks.md, "64 rows per kv head"). Those RoPE launches ran on decode_attention.WIDE's 4-warp rows,
+# whose prologue spills (1104 B a thread at 64 rows, offline sm_90 compile); the RoPE launches now keep TABLE's rows
+# (8 warps: 40 B), not timed at 64 rows yet. Llama's RoPE alone at 64 rows (4 heads x 16 tokens) is untimed.
 MAX_TOKEN_ROWS = 32
 
 

@@ -276,3 +276,17 @@ def test_plain_tokens_op_runs_the_triton_kernel_and_checks_inputs():
         many = [torch.cat([t] * 5, 1) for t in (q, k, cos, sin, pos, last)]
         PLAIN_TOKENS_OP(many[0], wq, many[1], wk, eps, many[2], many[3], torch.cat([v] * 5, 2), many[4], kc, vc,
                         many[5], 0.125)  # fmt: skip
+
+
+def test_the_rope_prologue_takes_the_one_token_configs(monkeypatch):
+    # the RoPE prologue spills with WIDE's 4-warp rows (offline sm_90 compile), so a RoPE launch asks config_for for
+    # TABLE's rows whatever its rows; the same rows without RoPE ask for theirs
+    from attention_cases import token_inputs
+
+    asked = []
+    real = kernel.config_for
+    monkeypatch.setattr(kernel, "config_for", lambda pairs, rows=1: asked.append(rows) or real(pairs, rows))
+    args = rope_token_inputs(2, 8, 1, 4, 40, 64, norm=True, seed=1)  # 8 heads x 4 tokens: 32 rows per kv head
+    kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
+    kernel.decode_attention_tokens_quant(*token_inputs(2, 1, 8, 4, 40, 64)[:4], 0.125, 64)
+    assert asked == [1, 32]

@@ -505,7 +505,10 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         outputs = (out, (*out.stride()[:3], 0, out.stride(3)), scales, (*scales.stride()[:3], 0))
     out, out_strides, scales, scale_strides = outputs
     pairs = b * hkv
-    cfg = cfg or config_for(pairs, r)
+    # the RoPE prologue keeps TABLE's rows (8 warps at 9-64 pairs): with WIDE's 4 warps its [rows, D] q / k steps
+    # spill (offline sm_90 compile, Triton 3.6: 632 B a thread at 32 rows, 1104 at 64, with Qwen3's norms; 8 warps
+    # 8 / 40 B), and the rope-token step timings of the thirty-second session ran on TABLE's rows
+    cfg = cfg or config_for(pairs, r if rope is None else 1)
     if out.numel() == 0:
         return (out, scales) if quant or both else out
     block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
