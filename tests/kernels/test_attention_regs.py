@@ -1,0 +1,32 @@
+"""``benchmarks/attention_regs.py``: the decode-attention kernel compiled offline for sm_90 (no GPU), its registers
+and spills read back. It runs in a process of its own: the tests' Triton kernels are the interpreter's."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def test_an_offline_compile_reports_its_registers():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--rows", "64", "--ropes", "qwen3,none", "--configs", "8:2"]
+    done = subprocess.run([sys.executable, "benchmarks/attention_regs.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "sm_90, Triton" in lines[0], done.stdout
+    rows = [line.split() for line in lines[3:]]
+    assert [r[:4] for r in rows] == [["64", "qwen3", "8", "2"], ["64", "none", "8", "2"]], done.stdout
+    assert all(0 < int(r[4]) <= 255 and int(r[5]) >= 0 for r in rows), done.stdout
+
+
+def test_it_says_it_cannot_compile_under_the_interpreter(monkeypatch):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import attention_regs
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(SystemExit, match="without TRITON_INTERPRET=1"):
+        attention_regs.main([])
