@@ -13,7 +13,8 @@ the models here too (default 8B heads, both models).
 
 ``--sweep`` times the fused op alone at every ``AttentionConfig`` of ``attention_decode.SWEEP`` (20 calls per CUDA
 graph, so the graph launch is not counted), per batch, at ``--heads`` (Qwen3-32B: ``64,8``, 8 query rows per kv
-head where the 8B models have 4) for ``--models``, with the o_proj's quant: the configs that ``TABLE`` picks from.
+head where the 8B models have 4) for ``--models``, with the o_proj's quant: the configs that ``TABLE`` picks from;
+with ``--tokens`` the token form's RoPE launch (``--heads 64,8 --tokens 8``: 64 rows per kv head).
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def fused(args, group: int):
     return ops.rope_decode_attention(*args, args[8].view(-1), scale, group)
 
 
-def sweep(batches, models, heads, max_seq: int, context: int) -> None:
-    """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first."""
+def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1) -> None:
+    """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first.
+    ``tokens`` above 1: ``rope_decode_attention_tokens_quant`` at heads / kv heads x tokens rows per kv head."""
     from attention_decode import SWEEP
     from tabulate import tabulate
 
@@ -91,26 +93,29 @@ def sweep(batches, models, heads, max_seq: int, context: int) -> None:
     hq, hk = heads
     # launches per replay; one where the replay is plain calls in the CPU interpreter (decode.py's dry run)
     reps = 20 if decode.DEVICE == "cuda" else 1
+    op = kernel.rope_decode_attention_tokens_quant if tokens > 1 else kernel.rope_decode_attention
     best = []
     for batch in batches:
         for model in models:
-            args = inputs(batch, model == "qwen3", max_seq, context, hq, hk)
-            last, scale = args[8].view(-1), args[0].shape[-1] ** -0.5
+            args = inputs(batch, model == "qwen3", max_seq, context, hq, hk, tokens=tokens)
+            last, scale = args[8] if tokens > 1 else args[8].view(-1), args[0].shape[-1] ** -0.5
             times = []
             for cfg in SWEEP:
                 def run(*a, cfg=cfg, last=last, scale=scale):
-                    return [kernel.rope_decode_attention(*a, last, scale, 128, cfg) for _ in range(reps)]
+                    return [op(*a, last, scale, 128, cfg) for _ in range(reps)]
 
-                kernel.rope_decode_attention(*args, last, scale, 128, cfg)  # eager first: the merge counters
+                op(*args, last, scale, 128, cfg)  # eager first: the merge counters
                 graph, _ = capture(run, args)
                 times.append((time_replays(graph, 20) * 1e3 / reps, cfg))
             times.sort(key=lambda x: x[0])
-            chosen = kernel.config_for(batch * hk, hq // hk)  # one token: the rows are the heads per kv head
+            chosen = kernel.config_for(batch * hk)  # a RoPE launch takes TABLE's rows at any rows (_launch)
             table_us = next((us for us, c in times if c == chosen), float("nan"))
-            log(f"sweep batch {batch} {model} {hq}/{hk}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
-            best.append([batch, model, f"{hq}/{hk}", f"{times[0][0]:.2f}", str(times[0][1]), f"{table_us:.2f}",
-                         f"{times[-1][0]:.2f}"])  # fmt: skip
-    print(tabulate(best, headers=["batch", "model", "heads q/kv", "best us", "config", "TABLE's us", "worst us"]))
+            log(f"sweep batch {batch} {model} {hq}/{hk} x {tokens}: "
+                + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
+            best.append([batch, model, f"{hq}/{hk}", tokens, f"{times[0][0]:.2f}", str(times[0][1]),
+                         f"{table_us:.2f}", f"{times[-1][0]:.2f}"])  # fmt: skip
+    print(tabulate(best, headers=["batch", "model", "heads q/kv", "tokens", "best us", "config", "TABLE's us",
+                                  "worst us"]))  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -131,7 +136,7 @@ def main(argv=None) -> int:
     if unknown or len(heads) != 2 or len(a.heads.split(",")) != 2:
         p.error(f"--models takes llama / qwen3 (got {sorted(unknown)}), --heads two numbers (got {a.heads!r})")
     if a.sweep:
-        sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context)
+        sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context, a.tokens)
         return 0
     rows = []
     for batch in (int(b) for b in a.batches.split(",")):

@@ -134,8 +134,12 @@ def test_unknown_models_and_bad_heads_are_refused(on_cpu, args):
         rope_attention.main(["--batches", "1", *args])
 
 
-def test_sweep_times_each_config(on_cpu, capsys):
-    args = ["--sweep", "--heads", "8,2", "--batches", "1", "--models", "qwen3", "--max-seq", "24", "--context", "20"]
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_sweep_times_each_config(on_cpu, capsys, tokens):
+    # one token: rope_decode_attention; 3: the token form's RoPE launch (rope_decode_attention_tokens_quant)
+    args = ["--sweep", "--heads", "8,2", "--batches", "1", "--models", "qwen3", "--max-seq", "24", "--context", "20",
+            "--tokens", str(tokens)]  # fmt: skip
     assert rope_attention.main(args) == 0
     out = capsys.readouterr().out
-    assert "8/2" in out and "AttentionConfig(" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("1 "))
+    assert row[:4] == ["1", "qwen3", "8/2", str(tokens)] and "AttentionConfig(" in out, out
