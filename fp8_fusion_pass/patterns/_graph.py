@@ -196,10 +196,14 @@ def describe(node: Node) -> str:
     return f"{node.op} {node.name}"
 
 
+# Inductor's post-grad wrappers of an op that mutates its inputs: v1 and v2 (both exist in torch 2.11 - 2.15)
+AUTO_FUNCTIONALIZED = (auto_functionalized, auto_functionalized_v2)
+
+
 def op_of(node: Node):
     """The op a call runs: for an ``auto_functionalized(_v2)`` node (Inductor's post-grad form of an op that mutates
     its inputs, such as the per-tensor quant) the op it wraps, else its target."""
-    if node.target in (auto_functionalized, auto_functionalized_v2) and node.args:
+    if node.target in AUTO_FUNCTIONALIZED and node.args:
         return node.args[0]
     return node.target
 

@@ -34,12 +34,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 from torch.fx import Graph, Node
 
 from ..config import FusionConfig
 from ..report import FusionReport
 from ..scale_semantics import ACCUMULATES, OVERWRITES, lookup, op_key
+from . import _graph
 
 NAME = "zero_fill"
 aten = torch.ops.aten
@@ -60,7 +60,6 @@ _LIKE = (aten.full_like.default, aten.zeros_like.default)  # (x, [value]) -> buf
 _ZERO_EMPTY = (aten.zero.default, aten.zero_.default, aten.fill.Scalar, aten.fill_.Scalar)  # (empty, [value])
 _EMPTY = (aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
           aten.new_empty.default, aten.new_empty_strided.default)
-_AUTO_FUNC = (auto_functionalized, auto_functionalized_v2)  # v1 and v2 (both exist in torch 2.11 - 2.15)
 _VIEW_SUFFIXES = ("_size", "_stride", "_storage_offset", "_slice_dim", "_slice_start", "_slice_end", "_alias")
 
 
@@ -157,7 +156,7 @@ def _by_name(op, node: Node) -> dict:
 def _uses(fill: Node, user: Node) -> list[Use]:
     if user.op == "output":
         return [Use("graph output", "fill_graph_output")]
-    if user.op == "call_function" and user.target in _AUTO_FUNC:
+    if user.op == "call_function" and user.target in _graph.AUTO_FUNCTIONALIZED:
         if not isinstance(user.args[0], torch._ops.OpOverload):  # v2 can also wrap a higher-order op
             return [Use(f"{_name(user.args[0])} (no schema)", "fill_unregistered_op", slot=True)]
         if "_all_bases" in user.kwargs:
