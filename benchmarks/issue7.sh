@@ -42,7 +42,8 @@
 #                                               the thirty-third session): the attention alone (quantized and plain),
 #                                               then Qwen3-32B engine steps of 8 tokens (16 layers) at batch 1 and 8
 #                                               with MAX_ROWS = 64 and = 32 (its 4-layer form: 68 s on a warm H100),
-#                                               then 64 with rope_attention taking 64 rows (MAX_TOKEN_ROWS = 64)
+#                                               then 64 with rope_attention taking 64 rows (MAX_NORM_TOKEN_ROWS = 64;
+#                                               197 s on a fresh H100, thirty-fourth session)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -110,7 +111,7 @@ case "${1:-}" in
             # Qwen3-32B's 8 heads per kv head x 8 tokens: 64 rows; the token form (RoPE launch kept), Inductor's
             # attention (32), the token form with its RoPE in the launch (on TABLE's 8-warp rows)
             for run in "tokens:MAX_ROWS=64" "inductor:MAX_ROWS=32" \
-                       "rope:MAX_ROWS=64,patterns.rope_attention.MAX_TOKEN_ROWS=64"; do
+                       "rope:MAX_ROWS=64,patterns.rope_attention.MAX_NORM_TOKEN_ROWS=64"; do
                 "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 8 --layers 16 \
                     --set "patterns._decode_tokens.${run#*:}" --json "$out/rows64_engine_${run%%:*}.json" || exit $?
             done ;;

@@ -56,7 +56,8 @@ MAX_TOKENS = 16
 # tokens, the kernel's most), with the kernel's configs by rows (``decode_attention.WIDE``), it took 16.7 / 20.0 /
 # 32.7 us against 15.5 / 23.7 / 110.6 (the plain form 14.3 / 16.8 / 31.8 against 14.2 / 21.3 / 107.8) at batch 1 /
 # 8 / 32, and the Qwen3-32B step of 8 tokens (4 layers, the RoPE launch kept: rope_attention.MAX_TOKEN_ROWS) was
-# 1.418 / 1.525 ms against 1.416 / 1.551 with 32 at batch 1 / 8 (H100, 2026-12-06, thirty-third session).
+# 1.418 / 1.525 ms against 1.416 / 1.551 with 32 at batch 1 / 8 (H100, 2026-12-06, thirty-third session); at 16
+# layers 3.949 / 4.315 / 6.324 ms against 3.945 / 4.429 / 7.489 at batch 1 / 8 / 32 (thirty-fourth session).
 MAX_ROWS = 64
 
 

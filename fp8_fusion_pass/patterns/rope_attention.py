@@ -29,8 +29,9 @@ Guards, each with its reason (``rope_attention_not_single``): one token per step
 op's q [B, Hq, S, D] as it is; the RoPE op's q read by this attention alone, through reshapes that keep its [B, Hq, 1,
 D] order, as [B, Hkv, Hq / Hkv, D]; the attention reading
 the caches that op wrote, whole (no view of a cache base); its outputs read one by one; a head dim the kernel takes
-(a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads, and in the
-token form at most ``MAX_TOKEN_ROWS`` query rows per kv head (``unfused_pair_faster``: each measured slower above).
+(a power of two of at least 16). With q / k norms, at most ``MAX_NORM_PAIRS`` batch rows x kv heads; in the token
+form at most ``MAX_TOKEN_ROWS`` query rows per kv head, ``MAX_NORM_TOKEN_ROWS`` with the norms
+(``unfused_pair_faster``: each measured slower above).
 A kernel for the device (``no_fused_kernel``).
 """
 
@@ -67,13 +68,17 @@ _op = _graph.is_call
 # the attention's launch"). Llama's RoPE alone was faster at every batch, 1-64.
 MAX_NORM_PAIRS = 256
 # The token form's rows per kv head (G heads x S tokens) whose RoPE the attention's prologue takes: each program
-# RoPEs its kv head's rows before its key loop. At 64 rows (Qwen3-32B's 8 heads x 8 tokens) that made the 4-layer
-# step slower than the RoPE launch beside the attention, 1.462 / 1.580 against 1.418 / 1.525 ms at batch 1 / 8; at
-# 32 rows (8 heads x 4 tokens) the two tied, 1.395 / 1.464 against 1.397 / 1.462 (H100, 2026-12-06, thirty-third
-# session; docs/benchmarks.md, "64 rows per kv head"). Those RoPE launches ran on decode_attention.WIDE's 4-warp rows,
-# whose prologue spills (1104 B a thread at 64 rows, offline sm_90 compile); the RoPE launches now keep TABLE's rows
-# (8 warps: 40 B), not timed at 64 rows yet. Llama's RoPE alone at 64 rows (4 heads x 16 tokens) is untimed.
+# RoPEs its kv head's rows (and, with q / k norms, norms them) before its key loop, once per split of its keys. On
+# TABLE's 8-warp rows (the RoPE launches' since 2908c3b), Qwen3-32B steps of 16 layers, H100, 2026-12-07 (thirty-fourth
+# session; docs/benchmarks.md, "The RoPE in the token form's launch by rows, on 8 warps"): at 64 rows (8 heads x 8
+# tokens) 3.946 / 4.476 ms at batch 1 / 8 against 3.949 / 4.315 with the RoPE launch kept; at 32 rows (8 heads x 4
+# tokens, 2 interleaved rounds) 3.882 / 4.225 against 3.897 / 4.128. The ops alone at 32 rows (Qwen3-32B's heads):
+# with the norms the pair / fused time ratio was 0.99-1.00x at batch 1, 0.76x at 8, 1.02x at 32; RoPE alone 1.07-1.16x,
+# 0.98-1.05x, 1.08-1.10x; at 64 rows RoPE alone lost at batch 8 too (0.74 / 0.92x). At 16 rows (the 8B models' 4
+# heads x 4 tokens) both won in the engine (1.006-1.019x, thirty-second session). So: with the norms at most 16 rows,
+# RoPE alone at most 32.
 MAX_TOKEN_ROWS = 32
+MAX_NORM_TOKEN_ROWS = 16
 
 
 def _rope_op_of_q(node: Node) -> Node | None:
@@ -139,12 +144,14 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
         if not _graph.shape_is(q4, (b, hq, s, d)):
             return no(f"the attention reads q as {tuple(q4.shape)}, not the RoPE op's [B, Hq, S, D]")
         rows = hq // hkv * s if isinstance(hq, int) and isinstance(hkv, int) else None
-        if not (rows is not None and statically_known_true(rows <= MAX_TOKEN_ROWS)):
+        normed = af.kwargs.get("wq") is not None
+        most, what = (MAX_NORM_TOKEN_ROWS, "RoPE and q / k norms") if normed else (MAX_TOKEN_ROWS, "RoPE")
+        if not (rows is not None and statically_known_true(rows <= most)):
             many = "symbolic" if rows is None else rows
             return guards.reject("unfused_pair_faster", f"{hq} query heads over {hkv} kv heads x {s} tokens: {many} "
-                                 f"rows per kv head, above {MAX_TOKEN_ROWS}, whose RoPE in the attention's prologue "
-                                 "measured slower than the RoPE launch (Qwen3-32B at 64 rows); the RoPE and the "
-                                 "attention stay two launches")  # fmt: skip
+                                 f"rows per kv head, above {most}, whose {what} in the attention's prologue measured "
+                                 "slower than the RoPE launch (Qwen3-32B at batch 8); the RoPE and the attention "
+                                 "stay two launches")  # fmt: skip
     elif not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
     elif not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * q4.shape[2]):

@@ -227,8 +227,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
       token count above one is symbolic, and a marked one always), head dim at most the kernel's; the batch and the
       cache length may be symbolic, heads never are (a kv-head count Dynamo fixed by a guard is static);
     - ``rope_attention``: both of the above, one token per step or the token form (``token_form``) of at most
-      ``MAX_TOKEN_ROWS`` rows per kv head, a power-of-two head dim of at least 16, and with q / k norms a batch x kv
-      heads known to be at most ``MAX_NORM_PAIRS``;
+      ``MAX_TOKEN_ROWS`` rows per kv head (``MAX_NORM_TOKEN_ROWS`` with q / k norms), a power-of-two head dim of at
+      least 16, and with q / k norms a batch x kv heads known to be at most ``MAX_NORM_PAIRS``;
     HF form (SDPA over ``repeat_kv`` copies)
     - ``gqa_attention``: G > 1 (at G = 1 there is no copy: no candidate), at most ``GQA_MAX_QUERY_TOKENS`` tokens per
       step, static or marked with a ``max=`` (under ``dynamic=True``, or marked without one, a count above one is
@@ -281,7 +281,8 @@ def expected_attention_counts(spec: DecodeSpec) -> Expected:
         candidates.add("rope_attention")
         pairs_ok = m.family != "qwen3" or (not symbolic_batch and spec.batch * m.kv_heads
                                            <= rope_attention.MAX_NORM_PAIRS)  # fmt: skip
-        rows_ok = spec.tokens == 1 or (token_form(spec) and rows <= rope_attention.MAX_TOKEN_ROWS)
+        most_rows = rope_attention.MAX_NORM_TOKEN_ROWS if m.family == "qwen3" else rope_attention.MAX_TOKEN_ROWS
+        rows_ok = spec.tokens == 1 or (token_form(spec) and rows <= most_rows)
         if rows_ok and d >= 16 and pairs_ok:
             out["rope_attention"] = layers
     if "decode_attention" in either:

@@ -260,17 +260,22 @@ def test_steps_of_several_tokens_keep_the_norm_bound(monkeypatch):
     assert _count(out, torch.ops.fp8_fusion.decode_attention_tokens_quant.default) == LAYERS
 
 
-@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
-def test_steps_of_more_rows_than_the_token_bound_keep_two_launches(monkeypatch, preset):
-    # the token form above MAX_TOKEN_ROWS query rows per kv head keeps the RoPE launch (its RoPE in the attention's
-    # prologue measured slower at 64 rows); at the bound the rewrite takes it
+@pytest.mark.parametrize("preset, bound_name, other", [
+    ("qwen3-tiny", "MAX_NORM_TOKEN_ROWS", "MAX_TOKEN_ROWS"),
+    ("llama-tiny", "MAX_TOKEN_ROWS", "MAX_NORM_TOKEN_ROWS"),
+])
+def test_steps_of_more_rows_than_the_token_bound_keep_two_launches(monkeypatch, preset, bound_name, other):
+    # the token form above its bound of query rows per kv head (with q / k norms the lower one) keeps the RoPE launch
+    # (its RoPE in the attention's prologue measured slower above); at the bound the rewrite takes it, and the other
+    # model's bound does not count
     from test_decode_tokens import _engine_tokens
 
     model, ids, positions, new_cache = _engine_tokens(preset)
     cache, _ = new_cache()
     rows = model.config.num_attention_heads // model.config.num_key_value_heads * 4
+    monkeypatch.setattr(rope_attention, other, 0)
     for bound, taken in ((rows - 1, 0), (rows, LAYERS)):
-        monkeypatch.setattr(rope_attention, "MAX_TOKEN_ROWS", bound)
+        monkeypatch.setattr(rope_attention, bound_name, bound)
         (gm,) = capture(lambda i, p: model(i, p, cache), ids, positions)
         r, out = run_pass(gm, FusionConfig())
         assert r.counts().get("rope_attention", 0) == taken, r.render()
