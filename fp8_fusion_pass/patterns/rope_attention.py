@@ -145,13 +145,14 @@ def _check(att: Node, af: Node, q_chain: list[Node]) -> guards.Verdict:
             return no(f"the attention reads q as {tuple(q4.shape)}, not the RoPE op's [B, Hq, S, D]")
         rows = hq // hkv * s if isinstance(hq, int) and isinstance(hkv, int) else None
         normed = af.kwargs.get("wq") is not None
-        most, what = (MAX_NORM_TOKEN_ROWS, "RoPE and q / k norms") if normed else (MAX_TOKEN_ROWS, "RoPE")
+        most, what, seen = ((MAX_NORM_TOKEN_ROWS, "RoPE and q / k norms", "Qwen3-32B's steps at 32 rows") if normed
+                            else (MAX_TOKEN_ROWS, "RoPE", "the ops alone at 64 rows"))  # fmt: skip
         if not (rows is not None and statically_known_true(rows <= most)):
             many = "symbolic" if rows is None else rows
             return guards.reject("unfused_pair_faster", f"{hq} query heads over {hkv} kv heads x {s} tokens: {many} "
                                  f"rows per kv head, above {most}, whose {what} in the attention's prologue measured "
-                                 "slower than the RoPE launch (Qwen3-32B at batch 8); the RoPE and the attention "
-                                 "stay two launches")  # fmt: skip
+                                 f"slower than the RoPE launch ({seen}, batch 8); the RoPE and the attention stay two "
+                                 "launches")  # fmt: skip
     elif not statically_known_true(s == 1):
         return no(f"{s} tokens per step, not one")
     elif not (isinstance(hq, int) and isinstance(hkv, int) and hq == hkv * q4.shape[2]):
