@@ -110,7 +110,8 @@ def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1) -
             times.sort(key=lambda x: x[0])
             chosen = kernel.config_for(batch * hk)  # a RoPE launch takes TABLE's rows at any rows (_launch)
             table_us = next((us for us, c in times if c == chosen), float("nan"))
-            log(f"sweep batch {batch} {model} {hq}/{hk} x {tokens}: "
+            # TABLE's in the log line too: a call cut short by its time limit never prints the table below
+            log(f"sweep batch {batch} {model} {hq}/{hk} x {tokens}: TABLE's {table_us:.2f}; "
                 + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
             best.append([batch, model, f"{hq}/{hk}", tokens, f"{times[0][0]:.2f}", str(times[0][1]),
                          f"{table_us:.2f}", f"{times[-1][0]:.2f}"])  # fmt: skip

@@ -140,6 +140,9 @@ def test_sweep_times_each_config(on_cpu, capsys, tokens):
     args = ["--sweep", "--heads", "8,2", "--batches", "1", "--models", "qwen3", "--max-seq", "24", "--context", "20",
             "--tokens", str(tokens)]  # fmt: skip
     assert rope_attention.main(args) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("1 "))
     assert row[:4] == ["1", "qwen3", "8/2", str(tokens)] and "AttentionConfig(" in out, out
+    # the log line carries TABLE's figure too, the table's column (a call cut short never prints the table)
+    assert f"x {tokens}: TABLE's {row[-2]}; " in captured.err, captured.err
