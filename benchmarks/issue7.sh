@@ -44,6 +44,11 @@
 #                                               with MAX_ROWS = 64 and = 32 (its 4-layer form: 68 s on a warm H100),
 #                                               then 64 with rope_attention taking 64 rows (MAX_NORM_TOKEN_ROWS = 64;
 #                                               197 s on a fresh H100, thirty-fourth session)
+#     OUT=$OUT bash benchmarks/issue7.sh bounds  rope_attention's token bounds at 32 rows per kv head (4 heads x 8
+#                                               tokens): Qwen3-8B with the RoPE and norms in the launch
+#                                               (MAX_NORM_TOKEN_ROWS = 32) and without, Llama-3.1-8B with and
+#                                               without rope_attention; engine steps of 16 layers at batch 1, 8, 32,
+#                                               2 interleaved rounds (written in the thirty-fourth session, not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -115,8 +120,13 @@ case "${1:-}" in
                 "${decode[@]}" --presets qwen3-32b --forms engine --batches 1,8 --tokens 8 --layers 16 \
                     --set "patterns._decode_tokens.${run#*:}" --json "$out/rows64_engine_${run%%:*}.json" || exit $?
             done ;;
+    bounds) for preset in qwen3-8b llama3.1-8b; do  # the Qwen3 run lifts its norms' bound to 32 (Llama's already is)
+                "${decode[@]}" --presets $preset --forms engine --batches 1,8,32 --tokens 8 --layers 16 --interleave 2 \
+                    --also=-rope_attention --set patterns.rope_attention.MAX_NORM_TOKEN_ROWS=32 \
+                    --json "$out/bounds_$preset.json" || exit $?
+            done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
