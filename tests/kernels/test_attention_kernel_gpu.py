@@ -151,10 +151,18 @@ def test_rope_decode_attention_is_the_rope_cache_op_then_the_attention(norm, b, 
         assert got[1].shape == (b, 8, 4, 0) and rel_l2(got[0], want[0]) <= 1e-2
 
 
+def _same_key_tiles(device: torch.device, pairs: int, rows: int, t: int) -> bool:
+    """Whether the token form (``config_for(pairs, rows)``) and its RoPE launch (TABLE's rows) walk the keys in the
+    same tiles and splits: the sums of the one are then the other's, bit for bit (their warps may differ)."""
+    sms = kernel._sm_count(device)
+    plain, rope = kernel.config_for(pairs, rows), kernel.config_for(pairs)
+    return (plain.block_t, kernel.plan(pairs, t, sms, plain)) == (rope.block_t, kernel.plan(pairs, t, sms, rope))
+
+
 @pytest.mark.parametrize("quant", [True, False], ids=["quant", "plain"])
 @pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
 # (32, 64, 8): the one cell whose Qwen3 caches differed from the pair's in rope_attention.py (the norm's order, H100,
-# thirty-fourth session); batch 32 takes TABLE's 4-warp config
+# thirty-fourth session); there WIDE's 32-key tiles and TABLE's 64-key ones give Llama's output other roundings too
 @pytest.mark.parametrize("b, hq, s", [(1, 32, 4), (8, 32, 4), (32, 32, 4), (8, 64, 2), (8, 32, 8), (1, 64, 8),
                                      (32, 64, 8)])
 def test_rope_tokens_is_the_rope_cache_op_then_the_token_form(quant, norm, b, hq, s):
@@ -179,7 +187,8 @@ def test_rope_tokens_is_the_rope_cache_op_then_the_token_form(quant, norm, b, hq
     assert torch.equal(vc, vc2) and (torch.equal(kc, kc2) or norm)
     assert (kc.float() - kc2.float()).abs().max() <= 2**-7 * kc.float().abs().max()
     assert got[0].shape == (b, s, hq, 128) and got[0].dtype == (want[0].dtype if quant else q.dtype)
-    if not norm:  # the RoPE kernel's roundings, the token form's splits and sums: its bits
+    # Llama, both launches in the same key tiles: the RoPE kernel's roundings, the token form's splits and sums
+    if not norm and _same_key_tiles(q.device, b * 8, hq // 8 * s, kc.shape[2]):
         assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
     widen = (lambda t: t.repeat_interleave(128, -1)) if quant else (lambda t: t)  # noqa: E731
     assert rel_l2(got[0].float() * widen(got[1]), want[0].float() * widen(want[1])) <= 1e-2
