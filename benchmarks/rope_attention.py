@@ -14,7 +14,9 @@ the models here too (default 8B heads, both models).
 ``--sweep`` times the fused op alone at every ``AttentionConfig`` of ``attention_decode.SWEEP`` (20 calls per CUDA
 graph, so the graph launch is not counted), per batch, at ``--heads`` (Qwen3-32B: ``64,8``, 8 query rows per kv
 head where the 8B models have 4) for ``--models``, with the o_proj's quant: the configs that ``TABLE`` picks from;
-with ``--tokens`` the token form's RoPE launch (``--heads 64,8 --tokens 8``: 64 rows per kv head).
+with ``--tokens`` the token form's RoPE launch (``--heads 64,8 --tokens 8``: 64 rows per kv head). ``--programs``
+keeps the configs of those programs per SM only (0: one split per kv head), and TABLE's, so a question about one
+kind of config fits one call of the device machine (the whole SWEEP at 64 rows did not).
 """
 
 from __future__ import annotations
@@ -82,9 +84,10 @@ def fused(args, group: int):
     return ops.rope_decode_attention(*args, args[8].view(-1), scale, group)
 
 
-def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1) -> None:
+def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, programs=None) -> None:
     """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first.
-    ``tokens`` above 1: ``rope_decode_attention_tokens_quant`` at heads / kv heads x tokens rows per kv head."""
+    ``tokens`` above 1: ``rope_decode_attention_tokens_quant`` at heads / kv heads x tokens rows per kv head;
+    ``programs``: only the configs of those programs per SM, and TABLE's."""
     from attention_decode import SWEEP
     from tabulate import tabulate
 
@@ -99,8 +102,10 @@ def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1) -
         for model in models:
             args = inputs(batch, model == "qwen3", max_seq, context, hq, hk, tokens=tokens)
             last, scale = args[8] if tokens > 1 else args[8].view(-1), args[0].shape[-1] ** -0.5
+            chosen = kernel.config_for(batch * hk)  # a RoPE launch takes TABLE's rows at any rows (_launch)
+            configs = [c for c in SWEEP if programs is None or c.programs in programs or c == chosen]
             times = []
-            for cfg in SWEEP:
+            for cfg in configs:
                 def run(*a, cfg=cfg, last=last, scale=scale):
                     return [op(*a, last, scale, 128, cfg) for _ in range(reps)]
 
@@ -108,7 +113,6 @@ def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1) -
                 graph, _ = capture(run, args)
                 times.append((time_replays(graph, 20) * 1e3 / reps, cfg))
             times.sort(key=lambda x: x[0])
-            chosen = kernel.config_for(batch * hk)  # a RoPE launch takes TABLE's rows at any rows (_launch)
             table_us = next((us for us, c in times if c == chosen), float("nan"))
             # TABLE's in the log line too: a call cut short by its time limit never prints the table below
             log(f"sweep batch {batch} {model} {hq}/{hk} x {tokens}: TABLE's {table_us:.2f}; "
@@ -125,6 +129,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
     p.add_argument("--sweep", action="store_true", help="time the fused op at every attention_decode.SWEEP config")
+    p.add_argument("--programs", default="", help="with --sweep: only the configs of these programs per SM (e.g. "
+                   "0,1), and TABLE's")
     p.add_argument("--heads", default="32,8", help="query heads, kv heads (Qwen3-32B: 64,8)")
     p.add_argument("--models", default="llama,qwen3", help="llama (RoPE alone), qwen3 (q / k norms too)")
     p.add_argument("--tokens", type=int, default=1, help="tokens per step; above 1 (verifying draft tokens) the "
@@ -136,8 +142,17 @@ def main(argv=None) -> int:
     unknown = set(a.models.split(",")) - {"llama", "qwen3"}
     if unknown or len(heads) != 2 or len(a.heads.split(",")) != 2:
         p.error(f"--models takes llama / qwen3 (got {sorted(unknown)}), --heads two numbers (got {a.heads!r})")
+    programs = None
+    if a.programs:
+        from attention_decode import SWEEP
+
+        swept, words = {c.programs for c in SWEEP}, a.programs.split(",")
+        programs = {int(n) for n in words if n.isdigit()}
+        if not programs <= swept or len(programs) != len(words):
+            p.error(f"--programs takes programs per SM of SWEEP's configs {sorted(swept)}, got {a.programs!r}")
     if a.sweep:
-        sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context, a.tokens)
+        sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context, a.tokens,
+              programs)
         return 0
     rows = []
     for batch in (int(b) for b in a.batches.split(",")):

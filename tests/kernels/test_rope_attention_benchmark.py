@@ -146,3 +146,23 @@ def test_sweep_times_each_config(on_cpu, capsys, tokens):
     assert row[:4] == ["1", "qwen3", "8/2", str(tokens)] and "AttentionConfig(" in out, out
     # the log line carries TABLE's figure too, the table's column (a call cut short never prints the table)
     assert f"x {tokens}: TABLE's {row[-2]}; " in captured.err, captured.err
+
+
+def test_sweep_of_some_programs_keeps_those_configs_and_tables(on_cpu, monkeypatch, capsys):
+    # --programs 0: the one-split configs and TABLE's (programs 1 at these pairs), not the other programs-1 config
+    table = attention_decode.kernel.config_for(2)
+    one_split, other = attention_decode.SWEEP[0], attention_decode.SWEEP[1]
+    assert (one_split.programs, other.programs, table.programs) == (0, 1, 1) and other != table
+    monkeypatch.setattr(attention_decode, "SWEEP", [one_split, other, table])
+    args = ["--sweep", "--programs", "0", "--heads", "8,2", "--batches", "1", "--models", "llama", "--max-seq", "24",
+            "--context", "20"]  # fmt: skip
+    assert rope_attention.main(args) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if "sweep batch 1" in x)
+    assert line.count("AttentionConfig(") == 2 and str(one_split) in line and str(table) in line, line
+    assert "TABLE's nan" not in line, line
+
+
+@pytest.mark.parametrize("programs", ["3", "0,x", "0,,1"])
+def test_sweep_refuses_programs_no_config_has(on_cpu, programs):
+    with pytest.raises(SystemExit):
+        rope_attention.main(["--sweep", "--programs", programs, "--batches", "1"])
