@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     if unknown or len(heads) != 2 or len(a.heads.split(",")) != 2:
         p.error(f"--models takes llama / qwen3 (got {sorted(unknown)}), --heads two numbers (got {a.heads!r})")
     programs = None
+    if a.programs and not a.sweep:
+        p.error("--programs picks the configs of --sweep; without it there is nothing to pick")
     if a.programs:
         from attention_decode import SWEEP
 

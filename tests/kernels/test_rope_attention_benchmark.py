@@ -162,7 +162,8 @@ def test_sweep_of_some_programs_keeps_those_configs_and_tables(on_cpu, monkeypat
     assert "TABLE's nan" not in line, line
 
 
-@pytest.mark.parametrize("programs", ["3", "0,x", "0,,1"])
-def test_sweep_refuses_programs_no_config_has(on_cpu, programs):
+@pytest.mark.parametrize("args", [["--sweep", "--programs", "3"], ["--sweep", "--programs", "0,x"],
+                                  ["--sweep", "--programs", "0,,1"], ["--programs", "0"]])
+def test_sweep_refuses_programs_no_config_has_and_programs_without_a_sweep(on_cpu, args):
     with pytest.raises(SystemExit):
-        rope_attention.main(["--sweep", "--programs", programs, "--batches", "1"])
+        rope_attention.main([*args, "--batches", "1"])
