@@ -49,6 +49,11 @@
 #                                               (MAX_NORM_TOKEN_ROWS = 32) and without, Llama-3.1-8B with and
 #                                               without rope_attention; engine steps of 16 layers at batch 1, 8, 32,
 #                                               2 interleaved rounds (written in the thirty-fourth session, not run)
+#     OUT=$OUT bash benchmarks/issue7.sh llama64  Llama-3.1-8B's token form at 64 rows per kv head (4 heads x 16
+#                                               tokens; the 64-row bound rests on Qwen3-32B's 8 x 8): engine steps of
+#                                               16 layers at batch 1 and 8 with MAX_ROWS = 64 and = 32 (Inductor's
+#                                               attention), 2 interleaved rounds each (written in the thirty-sixth
+#                                               session, not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -125,8 +130,13 @@ case "${1:-}" in
                     --also=-rope_attention --set patterns.rope_attention.MAX_NORM_TOKEN_ROWS=32 \
                     --json "$out/bounds_$preset.json" || exit $?
             done ;;
+    llama64) for most in 64 32; do  # not decode_*.json: no target counts steps of several tokens
+                 "${decode[@]}" --presets llama3.1-8b --forms engine --batches 1,8 --tokens 16 --layers 16 \
+                     --interleave 2 --set "patterns._decode_tokens.MAX_ROWS=$most" \
+                     --json "$out/llama64_engine_max$most.json" || exit $?
+             done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
