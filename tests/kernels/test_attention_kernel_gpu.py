@@ -158,7 +158,10 @@ def _same_key_tiles(device: torch.device, pairs: int, rows: int, t: int) -> bool
     form's bits on TABLE's 8 warps, not on WIDE's 4, with the same tiles and splits; relative L2 <= 8.4e-6)."""
     sms = kernel._sm_count(device)
     plain, rope = kernel.config_for(pairs, rows), kernel.config_for(pairs)
-    walk = lambda cfg: (cfg.block_t, cfg.num_warps, kernel.plan(pairs, t, sms, cfg))  # noqa: E731
+
+    def walk(cfg):
+        return cfg.block_t, cfg.num_warps, kernel.plan(pairs, t, sms, cfg)
+
     return walk(plain) == walk(rope)
 
 
