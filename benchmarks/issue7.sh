@@ -48,12 +48,12 @@
 #                                               tokens): Qwen3-8B with the RoPE and norms in the launch
 #                                               (MAX_NORM_TOKEN_ROWS = 32) and without, Llama-3.1-8B with and
 #                                               without rope_attention; engine steps of 16 layers at batch 1, 8, 32,
-#                                               2 interleaved rounds (written in the thirty-fourth session, not run)
+#                                               2 interleaved rounds (146 s, H100, thirty-sixth session)
 #     OUT=$OUT bash benchmarks/issue7.sh llama64  Llama-3.1-8B's token form at 64 rows per kv head (4 heads x 16
 #                                               tokens; the 64-row bound rests on Qwen3-32B's 8 x 8): engine steps of
 #                                               16 layers at batch 1 and 8 with MAX_ROWS = 64 and = 32 (Inductor's
-#                                               attention), 2 interleaved rounds each (written in the thirty-sixth
-#                                               session, not run)
+#                                               attention), 2 interleaved rounds each (70 s warm, H100,
+#                                               thirty-seventh session: 64 ties at b1, 3.1% faster at b8)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s

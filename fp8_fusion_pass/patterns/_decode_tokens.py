@@ -57,7 +57,9 @@ MAX_TOKENS = 16
 # 32.7 us against 15.5 / 23.7 / 110.6 (the plain form 14.3 / 16.8 / 31.8 against 14.2 / 21.3 / 107.8) at batch 1 /
 # 8 / 32, and the Qwen3-32B step of 8 tokens (4 layers, the RoPE launch kept: rope_attention.MAX_TOKEN_ROWS) was
 # 1.418 / 1.525 ms against 1.416 / 1.551 with 32 at batch 1 / 8 (H100, 2026-12-06, thirty-third session); at 16
-# layers 3.949 / 4.315 / 6.324 ms against 3.945 / 4.429 / 7.489 at batch 1 / 8 / 32 (thirty-fourth session).
+# layers 3.949 / 4.315 / 6.324 ms against 3.945 / 4.429 / 7.489 at batch 1 / 8 / 32 (thirty-fourth session). At
+# Llama-3.1-8B's 4 heads x 16 tokens, 16 layers: 2.246 / 2.977 ms against 2.249 / 3.072 with 32 at batch 1 / 8 (H100,
+# 2026-12-07, thirty-seventh session, `issue7.sh llama64`).
 MAX_ROWS = 64
 
 
