@@ -30,3 +30,21 @@ def test_it_says_it_cannot_compile_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(SystemExit, match="without TRITON_INTERPRET=1"):
         attention_regs.main([])
+
+
+def test_the_compile_is_specialized_as_the_jit_would_specialize_the_engines_launch():
+    """The unit strides of the cache and the query become constants and the pointers are marked 16-byte aligned:
+    without that (the script before 2026-12-07) the key loop compiled to one-bf16 loads."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import attention_regs
+
+    named, _ = attention_regs.recorded_launch(4, "llama", 128, 3)
+    assert named["SPLITS"] == 3 and named["ROPE"] and named["BLOCK_T"] == 128
+    sig, consts, attrs = attention_regs.specialized(named, attention_regs.sm90_constexprs(named))
+    index = {name: (i,) for i, name in enumerate(named)}
+    for unit in ("skd", "svd", "sqd", "sod"):
+        assert sig[unit] == "constexpr" and consts[index[unit]] == 1, unit
+    assert sig["k_ptr"] == "*bf16" and attrs[index["k_ptr"]] == [["tt.divisibility", 16]]
+    assert sig["skt"] == "i32" and attrs[index["skt"]] == [["tt.divisibility", 16]]  # 128 elements a slot
+    assert sig["HKV"] == "i32" and index["HKV"] not in attrs  # 8 kv heads: not a multiple of 16
+    assert consts[index["SPLITS"]] == 3 and consts[index["PTX"]] and not consts[index["EMULATE_CAST"]]

@@ -506,8 +506,9 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     out, out_strides, scales, scale_strides = outputs
     pairs = b * hkv
     # the RoPE prologue keeps TABLE's rows (8 warps at 9-64 pairs): with WIDE's 4 warps its [rows, D] q / k steps
-    # spill (offline sm_90 compile, Triton 3.6: 632 B a thread at 32 rows, 1104 at 64, with Qwen3's norms; 8 warps
-    # 8 / 40 B), and the rope-token step timings of the thirty-second session ran on TABLE's rows
+    # spill (``benchmarks/attention_regs.py``, Triton 3.6: 328 B a thread at 32 rows, 1744 at 64, with Qwen3's norms;
+    # 8 warps 0 / 160 B; without the prologue nothing spills), and the rope-token step timings of the thirty-second
+    # session ran on TABLE's rows
     cfg = cfg or config_for(pairs, r if rope is None else 1)
     if out.numel() == 0:
         return (out, scales) if quant or both else out
