@@ -11,6 +11,8 @@ replay writes the same slots with the same values), medians of ``decode.time_rep
 against the pair's (the caches' bits, the output's relative L2). ``--heads`` / ``--models`` pick the heads and
 the models here too (default 8B heads, both models).
 
+``--once N`` launches the fused op N times and times nothing, for a profiler (``benchmarks/attention_ncu.sh``).
+
 ``--sweep`` times the fused op alone at every ``AttentionConfig`` of ``attention_decode.SWEEP`` (20 calls per CUDA
 graph, so the graph launch is not counted), per batch, at ``--heads`` (Qwen3-32B: ``64,8``, 8 query rows per kv
 head where the 8B models have 4) for ``--models``, with the o_proj's quant: the configs that ``TABLE`` picks from;
@@ -136,6 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=1, help="tokens per step; above 1 (verifying draft tokens) the "
                    "pair is the RoPE kernel then decode_attention_tokens(_quant), the fused op "
                    "rope_decode_attention_tokens(_quant)")
+    p.add_argument("--once", type=int, default=0, metavar="N", help="only launch the fused op (with the quant, "
+                   "TABLE's config) N times per batch and model, eagerly, nothing timed: what a profiler attaches "
+                   "to (benchmarks/attention_ncu.sh)")
     a = p.parse_args(argv)
     torch.set_grad_enabled(False)
     heads = tuple(int(h) for h in a.heads.split(",") if h.isdigit())
@@ -152,6 +157,16 @@ def main(argv=None) -> int:
         programs = {int(n) for n in words if n.isdigit()}
         if not programs <= swept or len(programs) != len(words):
             p.error(f"--programs takes programs per SM of SWEEP's configs {sorted(swept)}, got {a.programs!r}")
+    if a.once:
+        for batch in (int(b) for b in a.batches.split(",")):
+            for model in a.models.split(","):
+                args = inputs(batch, model == "qwen3", a.max_seq, a.context, *heads, tokens=a.tokens)
+                for _ in range(a.once):
+                    fused(args, 128)
+                if decode.DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                log(f"once: batch {batch} {model} {heads[0]}/{heads[1]} x {a.tokens}: {a.once} launches")
+        return 0
     if a.sweep:
         sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context, a.tokens,
               programs)

@@ -5,6 +5,7 @@ interpreter) run end to end; ``benchmarks/attention_decode.py``'s table at sever
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -167,3 +168,49 @@ def test_sweep_of_some_programs_keeps_those_configs_and_tables(on_cpu, monkeypat
 def test_sweep_refuses_programs_no_config_has_and_programs_without_a_sweep(on_cpu, args):
     with pytest.raises(SystemExit):
         rope_attention.main([*args, "--batches", "1"])
+
+
+def test_once_launches_the_fused_op_and_times_nothing(on_cpu, monkeypatch, capsys):
+    # what a profiler attaches to (attention_ncu.sh): N eager calls of the fused op with the quant per batch and model
+    calls, real = [], rope_attention.fused
+
+    def fused(args, group):
+        calls.append((args[0].shape[0], args[1] is not None, group))  # (batch, q / k norms, quant group)
+        return real(args, group)
+
+    monkeypatch.setattr(rope_attention, "fused", fused)
+    monkeypatch.setattr(rope_attention, "capture", lambda *a, **kw: pytest.fail("--once captures nothing"))
+    args = ["--once", "3", "--batches", "1,2", "--heads", "8,2", "--max-seq", "24", "--context", "20"]
+    assert rope_attention.main(args) == 0
+    want = [(b, norm, 128) for b in (1, 2) for norm in (False, True) for _ in range(3)]
+    assert calls == want
+    assert "batch" not in capsys.readouterr().out  # no table
+
+
+def test_attention_ncu_profiles_the_third_launch_of_each_batch_and_model(tmp_path):
+    # the wrapper's plumbing, with an ncu stand-in that records its arguments and prints a report's headline lines
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ncu").write_text('#!/usr/bin/env bash\necho "$@" >> "$OUT/ncu_args"\n'
+                                 'echo "    Duration                         us         12.80"\n'
+                                 'echo "    Waves Per SM                                 1.45"\n')  # fmt: skip
+    (bin_dir / "ncu").chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "benchmarks/attention_ncu.sh", "8,32", "llama"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = (out / "ncu_args").read_text().splitlines()
+    assert len(runs) == 2
+    for run, batch in zip(runs, ("8", "32")):
+        assert "-k regex:_decode_attention_kernel --launch-skip 2 --launch-count 1" in run
+        assert run.endswith(f"rope_attention.py --once 3 --batches {batch} --models llama --heads 32,8")
+        assert (out / f"ncu_b{batch}_llama.txt").exists()
+    assert done.stdout.count("Duration") == 2 and "== batch 32, llama, heads 32,8" in done.stdout
+
+
+def test_attention_ncu_says_when_ncu_is_missing(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", "benchmarks/attention_ncu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "ncu (Nsight Compute) is not on PATH" in done.stderr
