@@ -157,6 +157,8 @@ def main(argv=None) -> int:
         programs = {int(n) for n in words if n.isdigit()}
         if not programs <= swept or len(programs) != len(words):
             p.error(f"--programs takes programs per SM of SWEEP's configs {sorted(swept)}, got {a.programs!r}")
+    if a.once and a.sweep:
+        p.error("--once launches the fused op at TABLE's config; --sweep times every config: one or the other")
     if a.once:
         for batch in (int(b) for b in a.batches.split(",")):
             for model in a.models.split(","):

@@ -185,6 +185,8 @@ def test_once_launches_the_fused_op_and_times_nothing(on_cpu, monkeypatch, capsy
     want = [(b, norm, 128) for b in (1, 2) for norm in (False, True) for _ in range(3)]
     assert calls == want
     assert "batch" not in capsys.readouterr().out  # no table
+    with pytest.raises(SystemExit):
+        rope_attention.main(["--once", "1", "--sweep", "--batches", "1"])
 
 
 def test_attention_ncu_profiles_the_third_launch_of_each_batch_and_model(tmp_path):
