@@ -15,6 +15,8 @@ against the fp32 math reference:
   grouped q and mask: the kernel the ``decode_attention`` rewrite swaps in;
 - ``fused_upto``: ``fp8_fusion::decode_attention_upto`` on the positions themselves (no mask; the key loop ends
   at the position): what the rewrite swaps in for the engine's ``slot <= position`` mask;
+- ``fused_upto_visible``: the same with ``decode_attention.SPLIT_VISIBLE`` (its splits over the visible keys rather
+  than the cache's slots: they differ where ``--max-seq`` is well past ``--context``, e.g. 4096 against 500);
 - ``upto+quant`` / ``upto_quant``: the upto op then ``group_quant`` of its output (the o_proj's input quant, two
   launches), against ``decode_attention_upto_quant`` (one); their error is that of the dequantized output;
 - ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed;
@@ -52,7 +54,8 @@ from fp8_fusion_pass.kernels import reference as reference_mod  # noqa: E402
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel  # noqa: E402
 from fp8_fusion_pass.models.engine import decode_attention  # noqa: E402
 
-ONE_TOKEN = ("fused_upto", "upto+quant", "upto_quant")  # the forms that read one position per batch row
+# the forms that read one position per batch row
+ONE_TOKEN = ("fused_upto", "fused_upto_visible", "upto+quant", "upto_quant")
 # several tokens per row, the output the o_proj's input: quantized for a block-FP8 o_proj, else plain [B, S, H, D]
 TOKENS = ("masked+quant", "math+quant", "tokens_quant", "masked+copy", "math+copy", "tokens")
 # The sweep's check of each config against fp32 attention (relative L2): the kernel rounds p and the output, ~2.3e-3
@@ -125,7 +128,7 @@ def compiled(impl: str, scale: float):
         return torch.compile(lambda q, kc, vc, pos: tokens_step(q, kc, vc, pos, scale, impl))
     if impl in ("upto+quant", "upto_quant"):
         return torch.compile(lambda q, kc, vc, pos: upto_quant(q, kc, vc, pos, scale, impl == "upto_quant"))
-    if impl in ("fused", "fused_upto"):
+    if impl in ("fused", "fused_upto", "fused_upto_visible"):
         op = fused if impl == "fused" else fused_upto
         return torch.compile(lambda q, kc, vc, pos: op(q, kc, vc, pos, scale))
     if impl == "math+pass":
@@ -202,7 +205,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq", type=int, default=576)
-    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,upto+quant,upto_quant,"
+    p.add_argument("--impls", default="sdpa_mask,sdpa_efficient,math,flex,fused,fused_upto,fused_upto_visible,"
+                                      "upto+quant,upto_quant,"
                                       "math+pass," + ",".join(TOKENS))
     p.add_argument("--tokens", type=int, default=1, help="query tokens per row (more than one: a step verifying draft "
                    "tokens; the one-token forms fused_upto, upto+quant and upto_quant are left out)")
@@ -233,7 +237,11 @@ def main(argv=None) -> int:
             try:
                 fn = compiled(impl, d**-0.5)
                 q_in = q.transpose(1, 2).contiguous().transpose(1, 2) if impl in TOKENS else q  # as RoPE leaves it
-                graph, out = capture(fn, (q_in, k_cache, v_cache, positions))
+                visible, kernel.SPLIT_VISIBLE = kernel.SPLIT_VISIBLE, impl.endswith("_visible")  # read at launch
+                try:
+                    graph, out = capture(fn, (q_in, k_cache, v_cache, positions))
+                finally:
+                    kernel.SPLIT_VISIBLE = visible
                 us = time_replays(graph, 200) * 1e3
                 if isinstance(out, (tuple, list)):  # fp8 and its scales: the dequantized output
                     out = out[0].float() * out[1]

@@ -217,3 +217,39 @@ def test_rope_decode_attention_in_cuda_graph_replays():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(out[1], want[1])
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
+@pytest.mark.parametrize("b", [1, 8, 32])
+def test_visible_splits_on_a_long_cache(monkeypatch, norm, b):
+    # decode_attention.SPLIT_VISIBLE: 4096 slots, positions 500 .. 500 - 7 (b - 1): the upto op against the
+    # reference, the RoPE launch against the RoPE-cache op then the upto op (both on the visible splits; their caches
+    # the pair's, as above), and one call under a CUDA graph replayed as its eager call
+    from attention_cases import rope_inputs
+
+    monkeypatch.setattr(kernel, "SPLIT_VISIBLE", True)
+    positions = [500 - 7 * i for i in range(b)]
+    q, k, v, keep, scale = inputs(b, 8, 4, 4096, 128, positions, "cuda")
+    last = torch.tensor(positions, device="cuda")
+    with backends.use_backend("triton"):
+        assert rel_l2(UPTO(q, k, v, last, scale), ref.decode_attention(q, k, v, keep, scale)) <= \
+            tolerances.ATTENTION_REL_L2  # fmt: skip
+        args = rope_inputs(b, 32, 8, 4096, 128, positions, norm, "cuda")
+        qr, wq, kr, wk, eps, cos, sin, vr, pos, kc, vc = args
+        kc2, vc2 = kc.clone(), vc.clone()
+        q4 = _rope_cache_op(args).reshape(b, 8, 4, 128)
+        want = torch.ops.fp8_fusion.decode_attention_upto_quant(q4, kc, vc, last, 128**-0.5, 128)
+
+        def call():
+            return torch.ops.fp8_fusion.rope_decode_attention(qr, wq, kr, wk, eps, cos, sin, vr, pos, kc2, vc2, last,
+                                                              128**-0.5, 128)  # fmt: skip
+
+        got = call()  # eager first: the merge counters are allocated outside the graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(vc, vc2) and (kc.float() - kc2.float()).abs().max() <= 2**-7 * kc.float().abs().max()
+    assert rel_l2(got[0].float() * got[1], want[0].float() * want[1]) <= 1e-2
+    assert torch.equal(replayed[0].view(torch.uint8), got[0].view(torch.uint8)) and torch.equal(replayed[1], got[1])

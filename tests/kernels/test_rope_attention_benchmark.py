@@ -216,3 +216,20 @@ def test_attention_ncu_says_when_ncu_is_missing(tmp_path):
     done = subprocess.run(["bash", "benchmarks/attention_ncu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 2 and "ncu (Nsight Compute) is not on PATH" in done.stderr
+
+
+def test_attention_decode_times_the_visible_splits_beside_the_slot_splits(on_cpu, capsys, monkeypatch):
+    # fused_upto_visible: the upto op launched with decode_attention.SPLIT_VISIBLE on, for its capture alone (the
+    # Triton kernel in the interpreter: the CPU's backend is the reference, which has no splits)
+    from fp8_fusion_pass.kernels import backends
+    from fp8_fusion_pass.kernels.triton import decode_attention as kernel
+
+    flags, real = [], kernel._launch
+    monkeypatch.setattr(kernel, "_launch", lambda *a, **kw: flags.append(kernel.SPLIT_VISIBLE) or real(*a, **kw))
+    args = ["--batches", "1", "--impls", "fused_upto,fused_upto_visible", "--context", "20", "--max-seq", "200"]
+    with backends.use_backend("triton"):
+        assert attention_decode.main(args) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
+    assert [r[1] for r in rows] == ["fused_upto", "fused_upto_visible"] and all(float(r[-1]) < 1e-2 for r in rows)
+    assert False in flags and True in flags and flags.index(True) > flags.index(False)
+    assert kernel.SPLIT_VISIBLE is False  # put back

@@ -99,6 +99,13 @@ def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
 
 
 MAX_SPLITS = 16  # the merge unrolls over the splits
+# The upto forms' splits: True splits the keys a row sees (0..last, read by each program first) into the launch's
+# splits, False the cache's T slots, as the mask form must. A cache longer than the context leaves the slot-split
+# programs past ``last`` idle: on the H200, 501 of 4096 slots took the upto form 11.0 / 13.6 us at batch 1 / 8
+# against 6.7 / 10.0 with 512 of 576 (docs/benchmarks.md, "Decode attention in one launch"). Where the visible
+# keys fill the cache's tiles the two give the same splits, bit for bit. Off until the GPU has timed it
+# (``benchmarks/attention_decode.py --impls fused_upto,fused_upto_visible --context 500 --max-seq 4096``).
+SPLIT_VISIBLE = False
 
 
 @triton.jit
@@ -136,6 +143,14 @@ def _row(x, rows, i):
     -0.0 into 0.0)."""
     bits = x.to(tl.int16, bitcast=True).to(tl.int32)
     return tl.sum(tl.where((rows == i)[:, None], bits, 0), 0).to(tl.int16).to(x.dtype, bitcast=True)
+
+
+@triton.jit
+def _owns(slot, lo, per, split, SPLITS: tl.constexpr):
+    """Whether this split stores the new token's k / v at ``slot``: the one whose keys hold it, and the last split
+    any slot past every split's keys (past what any row sees: ``VISIBLE`` splits end at the last visible key), so
+    each slot in the cache has one writer and no other program reads it."""
+    return (slot >= lo) & ((slot < lo + per) | (split == SPLITS - 1))
 
 
 @triton.jit
@@ -194,6 +209,7 @@ def _decode_attention_kernel(
     NEW_FROM_REGISTERS: tl.constexpr,  # ROPE off NVIDIA: the new slot's k / v put into the loaded tiles (below)
     TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
     BLOCK_NEW: tl.constexpr,  # TOKENS rounded up to a power of two: ROPE's tile of the step's new k / v rows
+    VISIBLE: tl.constexpr,  # UPTO: split the visible keys (0..last), not the cache's T slots (``SPLIT_VISIBLE``)
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -208,8 +224,19 @@ def _decode_attention_kernel(
     k_base = k_ptr + b * skb + h * skh
     v_base = v_ptr + b * svb + h * svh
     keep_base = keep_ptr + b * smb + h * smh + rows[:, None] * smr
-    lo = split * keys_per_split
-    hi = tl.minimum(lo + keys_per_split, T)
+    # UPTO: keys 0..end - 1 hold the most any row sees (``last``, clamped to the cache); the key loop stops there
+    if UPTO and TOKENS == 1:
+        end = (tl.minimum(tl.load(keep_ptr + b * smb), T - 1) + 1).to(tl.int32)  # int64 positions: clamped, narrowed
+    elif UPTO:  # each row its token's last slot
+        last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
+        end = (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32)
+    else:
+        end = T
+    per = keys_per_split
+    if VISIBLE:  # the visible keys in SPLITS runs of whole tiles, however long the cache
+        per = tl.maximum(tl.cdiv(tl.maximum(end, 0), BLOCK_T * SPLITS), 1) * BLOCK_T
+    lo = split * per
+    hi = tl.minimum(tl.minimum(lo + per, T), end)
     if ROPE:  # D == BLOCK_D (the op checks it): column j's RoPE partner is j + D/2 mod D
         dtype = q_ptr.dtype.element_ty
         partner = (cols + D // 2) % D
@@ -236,7 +263,7 @@ def _decode_attention_kernel(
             # other program of this (batch row, kv head) reads that slot, so no load can race the store.
             slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
             slot = tl.where(slot < 0, slot + T, slot)
-            mine = (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
+            mine = (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS)
             write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
             k_dst = k_base + slot * skt + cols * skd
             v_dst = v_base + slot * svt + cols * svd
@@ -265,7 +292,7 @@ def _decode_attention_kernel(
             # as index_put_ with repeated indices leaves either)
             slot = tl.load(pos_ptr + b * sp_b + new * sp_s, mask=new_ok, other=T).to(tl.int64)
             slot = tl.where(slot < 0, slot + T, slot)
-            mine = new_ok & (slot >= 0) & (slot < T) & (slot >= lo) & (slot < lo + keys_per_split)
+            mine = new_ok & (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS)
             write = tl.where(mine[:, None], col_ok[None, :], False)
             k_dst = k_base + slot[:, None] * skt + cols[None, :] * skd
             v_dst = v_base + slot[:, None] * svt + cols[None, :] * svd
@@ -279,12 +306,6 @@ def _decode_attention_kernel(
             tl.debug_barrier()
         new_at = tl.where(mine, slot, -1)
     q = _mma_operand(q, EMULATE_CAST)
-    if UPTO and TOKENS == 1:
-        last_b = tl.load(keep_ptr + b * smb)
-        hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
-    if UPTO and TOKENS > 1:  # each row its token's last slot; the loop ends after the last any row sees
-        last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
-        hi = tl.minimum(hi, (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32))
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
@@ -368,6 +389,13 @@ def plan(pairs: int, t: int, sms: int, cfg: AttentionConfig = DEFAULT) -> tuple[
     splits = max(1, min(want, tiles, MAX_SPLITS))
     per = triton.cdiv(tiles, splits) * cfg.block_t
     return triton.cdiv(max(t, 1), per), per
+
+
+def _partials(pairs: int, splits: int, block_r: int, block_d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each split's fp32 partials: ``acc [pairs, splits, BLOCK_R, BLOCK_D]`` and ``(max, sum) [pairs, splits, 2,
+    BLOCK_R]`` (a split that saw no key leaves a sum of 0)."""
+    return (torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=device),
+            torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=device))  # fmt: skip
 
 
 def decode_attention(q, k_cache, v_cache, keep, scale: float, cfg: AttentionConfig | None = None) -> torch.Tensor:
@@ -518,10 +546,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     counters = tile_counters(q.device, pairs) if splits > 1 else None
     if counters is None:  # one split (or no counters to merge with: mid-capture first call) reads all keys itself
         splits, per = 1, max(t, 1)
-    part = ml = out
-    if splits > 1:
-        part = torch.empty((pairs, splits, block_r, block_d), dtype=torch.float32, device=q.device)
-        ml = torch.empty((pairs, splits, 2, block_r), dtype=torch.float32, device=q.device)
+    part, ml = _partials(pairs, splits, block_r, block_d, q.device) if splits > 1 else (out, out)
     rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,) + (0,) * 5
     constexprs = kernel_constexprs(q.device)
     sob, soh, sor, so_s, sod = out_strides
@@ -535,7 +560,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
-        BLOCK_NEW=triton.next_power_of_2(tokens[0]),
+        BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
