@@ -104,7 +104,10 @@ MAX_SPLITS = 16  # the merge unrolls over the splits
 # programs past ``last`` idle: on the H200, 501 of 4096 slots took the upto form 11.0 / 13.6 us at batch 1 / 8
 # against 6.7 / 10.0 with 512 of 576 (docs/benchmarks.md, "Decode attention in one launch"). Where the visible
 # keys fill the cache's tiles the two give the same splits, bit for bit. Off until the GPU has timed it
-# (``benchmarks/attention_decode.py --impls fused_upto,fused_upto_visible --context 500 --max-seq 4096``).
+# (``benchmarks/attention_decode.py --impls fused_upto,fused_upto_visible --context 500 --max-seq 4096``); offline
+# (``benchmarks/attention_regs.py``, Triton 3.6) it compiles with the same registers at 4 / 8 rows, but the RoPE
+# token launch at 32 rows spills 872 B a thread where the slot splits spill none: time that one too. Off, the
+# kernel compiles as it did before the switch existed (the same registers and spills at every row count).
 SPLIT_VISIBLE = False
 
 
@@ -146,11 +149,24 @@ def _row(x, rows, i):
 
 
 @triton.jit
-def _owns(slot, lo, per, split, SPLITS: tl.constexpr):
-    """Whether this split stores the new token's k / v at ``slot``: the one whose keys hold it, and the last split
-    any slot past every split's keys (past what any row sees: ``VISIBLE`` splits end at the last visible key), so
-    each slot in the cache has one writer and no other program reads it."""
-    return (slot >= lo) & ((slot < lo + per) | (split == SPLITS - 1))
+def _owns(slot, lo, per, split, SPLITS: tl.constexpr, VISIBLE: tl.constexpr):
+    """Whether this split stores the new token's k / v at ``slot``: the one whose keys hold it; with ``VISIBLE``
+    (splits that end at the last visible key) also the last split any slot past every split's keys, which no row
+    sees. So each slot in the cache has one writer and no other program reads it."""
+    if VISIBLE:
+        return (slot >= lo) & ((slot < lo + per) | (split == SPLITS - 1))
+    return (slot >= lo) & (slot < lo + per)
+
+
+@triton.jit
+def _seen(keep_ptr, b, smb, smr, rows, row_ok, T, TOKENS: tl.constexpr):
+    """The upto forms' count of keys any row of batch row ``b`` sees: ``last`` + 1 (one token: ``last[b]``; several:
+    the largest of the rows' tokens'), clamped to the cache, 0 for none."""
+    if TOKENS == 1:
+        last = tl.load(keep_ptr + b * smb)
+    else:
+        last = tl.max(tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1), 0)
+    return tl.maximum(tl.minimum(last, T - 1) + 1, 0).to(tl.int32)
 
 
 @triton.jit
@@ -224,19 +240,12 @@ def _decode_attention_kernel(
     k_base = k_ptr + b * skb + h * skh
     v_base = v_ptr + b * svb + h * svh
     keep_base = keep_ptr + b * smb + h * smh + rows[:, None] * smr
-    # UPTO: keys 0..end - 1 hold the most any row sees (``last``, clamped to the cache); the key loop stops there
-    if UPTO and TOKENS == 1:
-        end = (tl.minimum(tl.load(keep_ptr + b * smb), T - 1) + 1).to(tl.int32)  # int64 positions: clamped, narrowed
-    elif UPTO:  # each row its token's last slot
-        last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
-        end = (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32)
-    else:
-        end = T
     per = keys_per_split
-    if VISIBLE:  # the visible keys in SPLITS runs of whole tiles, however long the cache
-        per = tl.maximum(tl.cdiv(tl.maximum(end, 0), BLOCK_T * SPLITS), 1) * BLOCK_T
+    if VISIBLE:  # (UPTO) the keys any row sees, 0..last, in SPLITS runs of whole tiles, however long the cache
+        seen = _seen(keep_ptr, b, smb, smr, rows, row_ok, T, TOKENS)
+        per = tl.maximum(tl.cdiv(seen, BLOCK_T * SPLITS), 1) * BLOCK_T
     lo = split * per
-    hi = tl.minimum(tl.minimum(lo + per, T), end)
+    hi = tl.minimum(lo + per, T)
     if ROPE:  # D == BLOCK_D (the op checks it): column j's RoPE partner is j + D/2 mod D
         dtype = q_ptr.dtype.element_ty
         partner = (cols + D // 2) % D
@@ -263,7 +272,7 @@ def _decode_attention_kernel(
             # other program of this (batch row, kv head) reads that slot, so no load can race the store.
             slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
             slot = tl.where(slot < 0, slot + T, slot)
-            mine = (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS)
+            mine = (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS, VISIBLE)
             write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
             k_dst = k_base + slot * skt + cols * skd
             v_dst = v_base + slot * svt + cols * svd
@@ -292,7 +301,7 @@ def _decode_attention_kernel(
             # as index_put_ with repeated indices leaves either)
             slot = tl.load(pos_ptr + b * sp_b + new * sp_s, mask=new_ok, other=T).to(tl.int64)
             slot = tl.where(slot < 0, slot + T, slot)
-            mine = new_ok & (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS)
+            mine = new_ok & (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS, VISIBLE)
             write = tl.where(mine[:, None], col_ok[None, :], False)
             k_dst = k_base + slot[:, None] * skt + cols[None, :] * skd
             v_dst = v_base + slot[:, None] * svt + cols[None, :] * svd
@@ -306,6 +315,12 @@ def _decode_attention_kernel(
             tl.debug_barrier()
         new_at = tl.where(mine, slot, -1)
     q = _mma_operand(q, EMULATE_CAST)
+    if UPTO and TOKENS == 1:
+        last_b = tl.load(keep_ptr + b * smb)
+        hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
+    if UPTO and TOKENS > 1:  # each row its token's last slot; the loop ends after the last any row sees
+        last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
+        hi = tl.minimum(hi, (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32))
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
