@@ -159,13 +159,14 @@ def _owns(slot, lo, per, split, SPLITS: tl.constexpr, VISIBLE: tl.constexpr):
 
 
 @triton.jit
-def _seen(keep_ptr, b, smb, smr, rows, row_ok, T, TOKENS: tl.constexpr):
+def _seen(keep_ptr, b, smb, smr, T, TOKENS: tl.constexpr, BLOCK_NEW: tl.constexpr):
     """The upto forms' count of keys any row of batch row ``b`` sees: ``last`` + 1 (one token: ``last[b]``; several:
-    the largest of the rows' tokens'), clamped to the cache, 0 for none."""
+    the largest of its tokens', read once each rather than once a row), clamped to the cache, 0 for none."""
     if TOKENS == 1:
         last = tl.load(keep_ptr + b * smb)
     else:
-        last = tl.max(tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1), 0)
+        tokens = tl.arange(0, BLOCK_NEW)
+        last = tl.max(tl.load(keep_ptr + b * smb + tokens * smr, mask=tokens < TOKENS, other=-1), 0)
     return tl.maximum(tl.minimum(last, T - 1) + 1, 0).to(tl.int32)
 
 
@@ -242,7 +243,7 @@ def _decode_attention_kernel(
     keep_base = keep_ptr + b * smb + h * smh + rows[:, None] * smr
     per = keys_per_split
     if VISIBLE:  # (UPTO) the keys any row sees, 0..last, in SPLITS runs of whole tiles, however long the cache
-        seen = _seen(keep_ptr, b, smb, smr, rows, row_ok, T, TOKENS)
+        seen = _seen(keep_ptr, b, smb, smr, T, TOKENS, BLOCK_NEW)
         per = tl.maximum(tl.cdiv(seen, BLOCK_T * SPLITS), 1) * BLOCK_T
     lo = split * per
     hi = tl.minimum(lo + per, T)
