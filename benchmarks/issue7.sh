@@ -54,6 +54,10 @@
 #                                               16 layers at batch 1 and 8 with MAX_ROWS = 64 and = 32 (Inductor's
 #                                               attention), 2 interleaved rounds each (70 s warm, H100,
 #                                               thirty-seventh session: 64 ties at b1, 3.1% faster at b8)
+#     OUT=$OUT bash benchmarks/issue7.sh visible  decode_attention.SPLIT_VISIBLE (the upto forms' splits over the
+#                                               visible keys; off until timed): its GPU tests, then the upto op with
+#                                               and without it, 501 of 4096 slots in use and 501 of 576, batch 1-64
+#                                               (written in the thirty-seventh session, not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -135,8 +139,15 @@ case "${1:-}" in
                      --interleave 2 --set "patterns._decode_tokens.MAX_ROWS=$most" \
                      --json "$out/llama64_engine_max$most.json" || exit $?
              done ;;
+    visible) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py -k visible \
+                 > "$out/visible_tests.log" 2>&1; tail -2 "$out/visible_tests.log"
+             for seq in 4096 576; do
+                 python benchmarks/attention_decode.py --batches 1,8,32,64 --impls fused_upto,fused_upto_visible \
+                     --context 500 --max-seq $seq > "$out/visible_$seq.txt" 2>&1 || exit $?
+                 tail -10 "$out/visible_$seq.txt"
+             done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
