@@ -1,7 +1,7 @@
-"""``decode_attention.SPLIT_VISIBLE``: the upto forms' splits over the keys a row sees (0..last) rather than the
-cache's slots (CPU interpreter). Which splits saw keys is read from the partials the launch allocates; outputs
-against the reference and against the slot splits; the RoPE forms' new k / v written once each, by the split whose
-keys hold the slot or, past every split's keys, by the last; the mask form untouched."""
+"""``decode_attention.SPLIT_VISIBLE``: the upto forms' key tiles dealt out to the splits in turn, up to the last key
+a row sees, rather than runs of the cache's slots (CPU interpreter). Which splits saw keys is read from the
+partials the launch allocates; outputs against the reference and against the runs; the RoPE forms' new k / v
+written once each, by the split whose tiles hold the slot (seen or not); the mask form untouched."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def _clone(args):
 
 
 def test_the_visible_keys_spread_over_every_split(monkeypatch):
-    # 101 of 4096 slots seen: the slot splits (256 keys each) leave all 101 to the first split of each kv head; the
-    # visible ones put 16 in each of the first seven (101 / 16 splits, rounded up to a 16-key tile)
+    # 101 of 4096 slots seen: runs of the slots (256 keys each) leave all 101 to the first split of each kv head;
+    # dealt out, the seven 16-key tiles they fill go to the first seven splits
     q, k, v, keep, scale = inputs(1, 2, 4, 4096, 32, [100])
     last = torch.tensor([100])
     outs = {}
@@ -58,7 +58,7 @@ def test_the_visible_keys_spread_over_every_split(monkeypatch):
 
 @pytest.mark.parametrize("positions", [[63, 63], [50, 63]])
 def test_where_the_visible_keys_fill_the_slots_splits_the_two_agree_bit_for_bit(monkeypatch, positions):
-    # 64 slots, 16-key tiles, four splits: 64 seen keys (and 50: still four tiles, one a split) split as the slots do
+    # 64 slots, 16-key tiles, four splits: one tile each either way, for 64 seen keys and for 51 (still four tiles)
     q, k, v, _, scale = inputs(2, 1, 4, 64, 32, positions)
     last = torch.tensor(positions)
     run = {}
@@ -70,13 +70,13 @@ def test_where_the_visible_keys_fill_the_slots_splits_the_two_agree_bit_for_bit(
 
 
 def test_rows_of_one_launch_split_their_own_keys(monkeypatch):
-    # batch rows seeing 20, 300 and no keys (last -1): each row's keys over its splits, the third row's NaN
+    # batch rows seeing 20, 300 and no keys (last -1): each row's tiles over its splits, the third row's NaN
     q, k, v, keep, scale = inputs(3, 1, 2, 512, 32, [19, 299, 0])
     last = torch.tensor([19, 299, -1])
     out = {}
     seen = _split_keys(monkeypatch, True, lambda: out.setdefault(0, kernel.decode_attention_upto(q, k, v, last, scale,
                                                                                                   MANY)))  # fmt: skip
-    assert len(seen[0]) == 16 and [sum(row) for row in seen] == [2, 10, 0]  # 20 keys: 16 + 4; 300: 10 x 32
+    assert len(seen[0]) == 16 and [sum(row) for row in seen] == [2, 16, 0]  # 20 keys: 2 tiles; 300: 19 tiles
     want = ref.decode_attention(q[:2], k[:2], v[:2], keep[:2], scale)
     assert rel_l2(out[0][:2], want) <= tolerances.ATTENTION_REL_L2 and out[0][2].isnan().all()
 
@@ -99,9 +99,9 @@ def test_the_mask_form_keeps_the_slots_splits(monkeypatch):
 
 @pytest.mark.parametrize("registers", [False, True], ids=["stored", "from_registers"])
 def test_rope_slots_have_one_writer_each(monkeypatch, registers):
-    # 400 slots, last 40 / 200 / 10: row 0 writes slot 40 (its last seen key, in its third split), row 1 slot 200, row
-    # 2 slot 300, past every split's keys (it sees 0..10), which the last split writes; the caches and output are the
-    # pair's (RoPE kernel, then the upto op with the same splits), bit for bit
+    # 400 slots, last 40 / 200 / 10: row 0 writes slot 40 (its last seen key), row 1 slot 200, row 2 slot 300, past
+    # every key it sees (0..10), which the split whose tiles hold it writes all the same; the caches and output are
+    # the pair's (RoPE kernel, then the upto op with the same splits), bit for bit
     monkeypatch.setattr(kernel, "new_from_registers", lambda _: registers)
     monkeypatch.setattr(kernel, "SPLIT_VISIBLE", True)
     args = rope_inputs(3, 4, 2, 400, 32, [40, 200, 300], norm=False)
@@ -131,8 +131,8 @@ def test_rope_tokens_split_their_visible_keys(monkeypatch):
 
 
 def test_the_token_form_splits_the_keys_its_latest_token_sees(monkeypatch):
-    # 3 tokens a row, 512 slots, 16-key tiles: row 0's tokens see up to 40 / 41 / 42 (43 keys: 3 of its splits), row
-    # 1's first token nothing and its others up to 299 / 300 (301 keys in 32-key splits: 10); against the reference
+    # 3 tokens a row, 512 slots, 16-key tiles: row 0's tokens see up to 40 / 41 / 42 (43 keys: 3 tiles, 3 splits),
+    # row 1's first token nothing and its others up to 299 / 300 (19 tiles: all 16 splits); against the reference
     from attention_cases import token_inputs, tokens_as_masked_pair
 
     q, k, v, _, scale = token_inputs(2, 2, 4, 3, 512, 32)
@@ -140,7 +140,7 @@ def test_the_token_form_splits_the_keys_its_latest_token_sees(monkeypatch):
     out = {}
     seen = _split_keys(monkeypatch, True, lambda: out.setdefault(0, kernel.decode_attention_tokens_quant(
         q, k, v, last, scale, 32, MANY)))  # fmt: skip
-    assert [sum(row) for row in seen] == [3, 3, 10, 10]  # (batch row, kv head) pairs
+    assert [sum(row) for row in seen] == [3, 3, 16, 16]  # (batch row, kv head) pairs: 3 tiles, 19 tiles
     got = out[0][0].float() * out[0][1].repeat_interleave(32, -1)
     want = tokens_as_masked_pair(q, k, v, last, scale, 32, ref.decode_attention, lambda x, _: x)  # no quant
     assert rel_l2(got[1, 1:], want[1, 1:]) <= 4e-2 and rel_l2(got[0], want[0]) <= 4e-2  # fp8 steps: 2.5e-2 seen

@@ -99,15 +99,15 @@ def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
 
 
 MAX_SPLITS = 16  # the merge unrolls over the splits
-# The upto forms' splits: True splits the keys a row sees (0..last, read by each program first) into the launch's
-# splits, False the cache's T slots, as the mask form must. A cache longer than the context leaves the slot-split
-# programs past ``last`` idle: on the H200, 501 of 4096 slots took the upto form 11.0 / 13.6 us at batch 1 / 8
-# against 6.7 / 10.0 with 512 of 576 (docs/benchmarks.md, "Decode attention in one launch"). Where the visible
-# keys fill the cache's tiles the two give the same splits, bit for bit. Off until the GPU has timed it
-# (``benchmarks/attention_decode.py --impls fused_upto,fused_upto_visible --context 500 --max-seq 4096``); offline
-# (``benchmarks/attention_regs.py``, Triton 3.6) it compiles with the same registers at 4 / 8 rows, but the RoPE
-# token launch at 32 rows spills 872 B a thread where the slot splits spill none: time that one too. Off, the
-# kernel compiles as it did before the switch existed (the same registers and spills at every row count).
+# The upto forms' splits: True deals the key tiles out in turn (split j takes tiles j, j + SPLITS, ... up to the
+# last key any row sees), False gives each split a run of the cache's T slots, as the mask form must. With runs, a
+# cache longer than the context leaves the splits past ``last`` idle: on the H200, 501 of 4096 slots took the upto
+# form 11.0 / 13.6 us at batch 1 / 8 against 6.7 / 10.0 with 512 of 576 (docs/benchmarks.md, "Decode attention in
+# one launch"). Where each split's run is one tile the two are the same, bit for bit. Off until the GPU has timed it
+# (``OUT=$OUT bash benchmarks/issue7.sh visible``). Offline (``benchmarks/attention_regs.py``, Triton 3.6) both
+# compile with the same registers and no spill at 4 / 8 / 32 rows, and off, the kernel compiles as it did before
+# the switch existed. (A first form, runs of the visible keys, read ``last`` before the key loop to place them:
+# the 32-row RoPE token launch spilled 872 B a thread.)
 SPLIT_VISIBLE = False
 
 
@@ -149,25 +149,13 @@ def _row(x, rows, i):
 
 
 @triton.jit
-def _owns(slot, lo, per, split, SPLITS: tl.constexpr, VISIBLE: tl.constexpr):
-    """Whether this split stores the new token's k / v at ``slot``: the one whose keys hold it; with ``VISIBLE``
-    (splits that end at the last visible key) also the last split any slot past every split's keys, which no row
-    sees. So each slot in the cache has one writer and no other program reads it."""
+def _owns(slot, lo, per, split, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, VISIBLE: tl.constexpr):
+    """Whether this split stores the new token's k / v at ``slot``: the one whose keys hold it (its ``per`` slots
+    from ``lo``; with ``VISIBLE`` its tiles, every SPLITS-th from ``split``), so each slot in the cache has one writer
+    and no other program reads it."""
     if VISIBLE:
-        return (slot >= lo) & ((slot < lo + per) | (split == SPLITS - 1))
+        return (slot // BLOCK_T) % SPLITS == split
     return (slot >= lo) & (slot < lo + per)
-
-
-@triton.jit
-def _seen(keep_ptr, b, smb, smr, T, TOKENS: tl.constexpr, BLOCK_NEW: tl.constexpr):
-    """The upto forms' count of keys any row of batch row ``b`` sees: ``last`` + 1 (one token: ``last[b]``; several:
-    the largest of its tokens', read once each rather than once a row), clamped to the cache, 0 for none."""
-    if TOKENS == 1:
-        last = tl.load(keep_ptr + b * smb)
-    else:
-        tokens = tl.arange(0, BLOCK_NEW)
-        last = tl.max(tl.load(keep_ptr + b * smb + tokens * smr, mask=tokens < TOKENS, other=-1), 0)
-    return tl.maximum(tl.minimum(last, T - 1) + 1, 0).to(tl.int32)
 
 
 @triton.jit
@@ -241,12 +229,12 @@ def _decode_attention_kernel(
     k_base = k_ptr + b * skb + h * skh
     v_base = v_ptr + b * svb + h * svh
     keep_base = keep_ptr + b * smb + h * smh + rows[:, None] * smr
-    per = keys_per_split
-    if VISIBLE:  # (UPTO) the keys any row sees, 0..last, in SPLITS runs of whole tiles, however long the cache
-        seen = _seen(keep_ptr, b, smb, smr, T, TOKENS, BLOCK_NEW)
-        per = tl.maximum(tl.cdiv(seen, BLOCK_T * SPLITS), 1) * BLOCK_T
-    lo = split * per
-    hi = tl.minimum(lo + per, T)
+    if VISIBLE:  # (UPTO) split j takes tiles j, j + SPLITS, ...: the seen ones shared out, however long the cache
+        lo = split * BLOCK_T
+        hi = T  # then the last key any row sees, below
+    else:
+        lo = split * keys_per_split
+        hi = tl.minimum(lo + keys_per_split, T)
     if ROPE:  # D == BLOCK_D (the op checks it): column j's RoPE partner is j + D/2 mod D
         dtype = q_ptr.dtype.element_ty
         partner = (cols + D // 2) % D
@@ -273,7 +261,7 @@ def _decode_attention_kernel(
             # other program of this (batch row, kv head) reads that slot, so no load can race the store.
             slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
             slot = tl.where(slot < 0, slot + T, slot)
-            mine = (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS, VISIBLE)
+            mine = (slot >= 0) & (slot < T) & _owns(slot, lo, keys_per_split, split, BLOCK_T, SPLITS, VISIBLE)
             write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
             k_dst = k_base + slot * skt + cols * skd
             v_dst = v_base + slot * svt + cols * svd
@@ -302,7 +290,7 @@ def _decode_attention_kernel(
             # as index_put_ with repeated indices leaves either)
             slot = tl.load(pos_ptr + b * sp_b + new * sp_s, mask=new_ok, other=T).to(tl.int64)
             slot = tl.where(slot < 0, slot + T, slot)
-            mine = new_ok & (slot >= 0) & (slot < T) & _owns(slot, lo, per, split, SPLITS, VISIBLE)
+            mine = new_ok & (slot >= 0) & (slot < T) & _owns(slot, lo, keys_per_split, split, BLOCK_T, SPLITS, VISIBLE)
             write = tl.where(mine[:, None], col_ok[None, :], False)
             k_dst = k_base + slot[:, None] * skt + cols[None, :] * skd
             v_dst = v_base + slot[:, None] * svt + cols[None, :] * svd
@@ -325,7 +313,7 @@ def _decode_attention_kernel(
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_T):
+    for start in range(lo, hi, SPLITS * BLOCK_T if VISIBLE else BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         t_ok = t < hi
         if UPTO and TOKENS == 1:
