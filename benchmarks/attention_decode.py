@@ -209,7 +209,7 @@ def main(argv=None) -> int:
                                       "upto+quant,upto_quant,"
                                       "math+pass," + ",".join(TOKENS))
     p.add_argument("--tokens", type=int, default=1, help="query tokens per row (more than one: a step verifying draft "
-                   "tokens; the one-token forms fused_upto, upto+quant and upto_quant are left out)")
+                   "tokens; the one-token forms, ONE_TOKEN, are left out)")
     p.add_argument("--heads", type=int, default=32, help="query heads (over 8 kv heads): 32 for the 8B models, 64 for "
                    "Qwen3-32B")
     p.add_argument("--sweep", action="store_true", help="time SWEEP's kernel configs instead (the upto form)")

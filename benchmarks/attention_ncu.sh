@@ -28,7 +28,7 @@ for batch in "${batches[@]}"; do
             >"$report" 2>&1 || { echo "batch $batch $model: ncu failed, see $report" >&2; rc=1; continue; }
         echo "== batch $batch, $model, heads ${3:-32,8}"
         grep -E "^ +(Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput|Registers Per Thread|Dynamic Shared Memory Per Block|Grid Size|Waves Per SM|Block Limit Registers|Block Limit Shared Mem|Theoretical Occupancy|Achieved Occupancy|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler) " "$report"
-        grep -E "stalled|stall" "$report" | grep -vE "^ +(Duration)" | head -6
+        grep -E "stall" "$report" | head -6
     done
 done
 exit $rc
