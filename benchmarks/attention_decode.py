@@ -14,9 +14,11 @@ against the fp32 math reference:
 - ``fused``: ``fp8_fusion::decode_attention`` (``kernels/triton/decode_attention.py``) called on the engine's
   grouped q and mask: the kernel the ``decode_attention`` rewrite swaps in;
 - ``fused_upto``: ``fp8_fusion::decode_attention_upto`` on the positions themselves (no mask; the key loop ends
-  at the position): what the rewrite swaps in for the engine's ``slot <= position`` mask;
-- ``fused_upto_visible``: the same with ``decode_attention.SPLIT_VISIBLE`` (its splits over the visible keys rather
-  than the cache's slots: they differ where ``--max-seq`` is well past ``--context``, e.g. 4096 against 500);
+  at the position), its splits runs of the cache's slots (``decode_attention.SPLIT_VISIBLE`` off, as before the
+  thirty-eighth session);
+- ``fused_upto_visible``: the same with ``SPLIT_VISIBLE`` on (the default: the key tiles up to the position dealt
+  out to the splits): what the rewrite swaps in for the engine's ``slot <= position`` mask. The two differ where
+  ``--max-seq`` is well past ``--context``, e.g. 4096 against 500;
 - ``upto+quant`` / ``upto_quant``: the upto op then ``group_quant`` of its output (the o_proj's input quant, two
   launches), against ``decode_attention_upto_quant`` (one); their error is that of the dequantized output;
 - ``math+pass``: ``math`` compiled with the pass (``fp8_fusion_pass.backend``), so the rewrite itself is timed;
@@ -237,7 +239,11 @@ def main(argv=None) -> int:
             try:
                 fn = compiled(impl, d**-0.5)
                 q_in = q.transpose(1, 2).contiguous().transpose(1, 2) if impl in TOKENS else q  # as RoPE leaves it
-                visible, kernel.SPLIT_VISIBLE = kernel.SPLIT_VISIBLE, impl.endswith("_visible")  # read at launch
+                # read at launch: fused_upto's splits are runs of the cache's slots, fused_upto_visible's the dealt
+                # tiles (the default since the thirty-eighth session); every other impl launches the default
+                visible = kernel.SPLIT_VISIBLE
+                if impl.startswith("fused_upto"):
+                    kernel.SPLIT_VISIBLE = impl.endswith("_visible")
                 try:
                     graph, out = capture(fn, (q_in, k_cache, v_cache, positions))
                 finally:

@@ -45,7 +45,8 @@ rope, norm, quant, upto, ptx = (v == "1" for v in sys.argv[1:6])
 tokens = int(sys.argv[6])
 constexprs = dict(D=128, BLOCK_R=16, BLOCK_D=128, BLOCK_T=64, SPLITS=3, BLOCK_S=4, UPTO=upto, EMULATE_CAST=False,
                   QUANT=quant, G=128, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, PTX=ptx, ROPE=rope, NORM=norm,
-                  NEW_FROM_REGISTERS=rope and not ptx, TOKENS=tokens, BLOCK_NEW=triton.next_power_of_2(tokens))
+                  NEW_FROM_REGISTERS=rope and not ptx, TOKENS=tokens, BLOCK_NEW=triton.next_power_of_2(tokens),
+                  VISIBLE=upto, PREFETCH_BYTES=256 if ptx else 0, PREFETCH_TILES=1)  # prefetch: NVIDIA only
 src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -54,7 +55,7 @@ context = libtriton.ir.context()
 libtriton.ir.load_dialects(context)
 backend.load_dialects(context)
 ir = str(src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context))
-print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir)
+print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir, "PREFETCH", "prefetch.L2" in ir)
 """
 
 
@@ -74,5 +75,6 @@ def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx, tokens):
     if done.stdout.startswith("SKIP"):
         pytest.skip(done.stdout[5:].strip())
     assert done.returncode == 0, done.stderr[-3000:]
-    # the MMAs are there; RoPE's products go by mul.rn exactly when the variant has the RoPE prologue on NVIDIA
-    assert f"DOT True MULRN {rope and ptx}" in done.stdout, done.stdout
+    # the MMAs are there; RoPE's products go by mul.rn exactly when the variant has the RoPE prologue on NVIDIA, and
+    # the key tiles' L2 prefetch is there on NVIDIA alone
+    assert f"DOT True MULRN {rope and ptx} PREFETCH {ptx}" in done.stdout, done.stdout

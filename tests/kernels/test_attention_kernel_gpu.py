@@ -253,3 +253,25 @@ def test_visible_splits_on_a_long_cache(monkeypatch, norm, b):
     assert torch.equal(vc, vc2) and (kc.float() - kc2.float()).abs().max() <= 2**-7 * kc.float().abs().max()
     assert rel_l2(got[0].float() * got[1], want[0].float() * want[1]) <= 1e-2
     assert torch.equal(replayed[0].view(torch.uint8), got[0].view(torch.uint8)) and torch.equal(replayed[1], got[1])
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
+@pytest.mark.parametrize("b, t", [(1, 576), (8, 576), (8, 4096), (64, 576)])
+def test_the_l2_prefetch_changes_no_bit(monkeypatch, tiles, norm, b, t):
+    # decode_attention.PREFETCH_TILES: a hint to L2, so the RoPE launch (its new slot prefetched and then written,
+    # read back in the loop) and the upto op give the same bits and the same caches with it as without
+    from attention_cases import rope_inputs
+
+    positions = [min(t - 1, 500 + 9 * i) for i in range(b)]
+    args = rope_inputs(b, 32, 8, t, 128, positions, norm, "cuda")
+    last = torch.tensor(positions, device="cuda")
+    runs = []
+    for n in (0, tiles):
+        monkeypatch.setattr(kernel, "PREFETCH_TILES", n)
+        a = [x.clone() if isinstance(x, torch.Tensor) else x for x in args]
+        o, s = torch.ops.fp8_fusion.rope_decode_attention(*a, last, 128**-0.5, 128)
+        q4 = a[0].reshape(b, 8, 4, 128)  # the upto op on the step's own q (not RoPE'd: any q will do)
+        runs.append((o.view(torch.uint8), s, a[9], a[10], UPTO(q4, a[9], a[10], last, 128**-0.5)))
+    for off, on in zip(*runs):
+        assert torch.equal(off.nan_to_num(), on.nan_to_num())

@@ -149,13 +149,20 @@ UPTO = torch.ops.fp8_fusion.decode_attention_upto
     (2, 200, [-1, 500], torch.int32),  # sees nothing (NaN); past the cache (every key)
     (1, 40, [0], torch.int64),  # one key, fewer keys than a tile
 ])  # fmt: skip
-def test_upto_is_the_mask_it_stands_for_bit_for_bit(cfg, b, t, positions, dtype):
-    # the same kernel, the loop ended at last[b] instead of the masked keys after it contributing exp(-inf) = 0
+@pytest.mark.parametrize("visible", [False, True], ids=["slot_runs", "dealt_tiles"])
+def test_upto_is_the_mask_it_stands_for_bit_for_bit(monkeypatch, visible, cfg, b, t, positions, dtype):
+    # the same kernel, the loop ended at last[b] instead of the masked keys after it contributing exp(-inf) = 0: bit
+    # for bit where its splits are the mask form's runs of slots; dealt out (SPLIT_VISIBLE, the default) the same
+    # sums grouped otherwise where a split holds more than one tile (test_attention_split_visible.py)
+    monkeypatch.setattr(kernel, "SPLIT_VISIBLE", visible)
     q, k, v, keep, scale = inputs(b, 2, 4, t, 32, positions)
     last = torch.tensor(positions, dtype=dtype)
     got = kernel.decode_attention_upto(q, k, v, last, scale, cfg)
     assert torch.equal(got.isnan(), keep.any(-1, keepdim=True).logical_not().expand_as(got))
-    assert torch.equal(got.nan_to_num(), kernel.decode_attention(q, k, v, keep, scale, cfg).nan_to_num())
+    masked = kernel.decode_attention(q, k, v, keep, scale, cfg).nan_to_num()
+    if not visible:
+        assert torch.equal(got.nan_to_num(), masked)
+    assert rel_l2(got.nan_to_num(), masked) <= tolerances.ATTENTION_REL_L2
     want = ref.decode_attention_upto(q, k, v, last, scale)
     assert torch.equal(want.isnan(), got.isnan()) and rel_l2(got.nan_to_num(), want.nan_to_num()) <= (
         tolerances.ATTENTION_REL_L2)  # fmt: skip
@@ -290,3 +297,14 @@ def test_tokens_without_the_quant_is_the_masked_op_and_the_copy(cfg, b, hkv, g, 
     ok = ~want.isnan()
     assert torch.equal(op.isnan(), want.isnan())
     assert rel_l2(op[ok], ref.decode_attention_tokens(q, k, v, last, scale)[ok]) <= tolerances.ATTENTION_REL_L2
+
+
+def test_the_l2_prefetch_takes_only_rows_it_can_bulk_copy():
+    # cp.async.bulk.prefetch.L2 needs each row contiguous, 16-byte aligned, a multiple of 16 bytes long
+    cache = torch.zeros(2, 8, 64, 128, dtype=torch.bfloat16)
+    assert kernel._prefetch_bytes(cache, cache.clone()) == 256
+    assert kernel._prefetch_bytes(cache, cache.transpose(2, 3).contiguous().transpose(2, 3)) == 0  # rows strided
+    assert kernel._prefetch_bytes(cache[..., :4], cache[..., :4]) == 0  # 8-byte rows
+    shifted = torch.zeros(2 * 8 * 64 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 8, 64, 128)  # 2 bytes off
+    assert kernel._prefetch_bytes(cache, shifted) == 0
+    assert kernel._prefetch_bytes(cache[..., :120], cache[..., :120]) == 240  # rows of a wider allocation: their own

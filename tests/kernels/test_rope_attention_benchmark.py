@@ -224,7 +224,7 @@ def test_attention_decode_times_the_visible_splits_beside_the_slot_splits(on_cpu
     from fp8_fusion_pass.kernels import backends
     from fp8_fusion_pass.kernels.triton import decode_attention as kernel
 
-    flags, real = [], kernel._launch
+    flags, real, default = [], kernel._launch, kernel.SPLIT_VISIBLE
     monkeypatch.setattr(kernel, "_launch", lambda *a, **kw: flags.append(kernel.SPLIT_VISIBLE) or real(*a, **kw))
     args = ["--batches", "1", "--impls", "fused_upto,fused_upto_visible", "--context", "20", "--max-seq", "200"]
     with backends.use_backend("triton"):
@@ -232,4 +232,4 @@ def test_attention_decode_times_the_visible_splits_beside_the_slot_splits(on_cpu
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
     assert [r[1] for r in rows] == ["fused_upto", "fused_upto_visible"] and all(float(r[-1]) < 1e-2 for r in rows)
     assert False in flags and True in flags and flags.index(True) > flags.index(False)
-    assert kernel.SPLIT_VISIBLE is False  # put back
+    assert kernel.SPLIT_VISIBLE is default  # put back

@@ -52,6 +52,7 @@ import triton.language as tl
 
 from ... import arch
 from ._fp8 import group_quant_tile, kernel_constexprs, round_to, rounded, to_fp32
+from ._pdl import prefetch_l2
 from ._small_m_kernels import _last_arrival, tile_counters
 
 
@@ -101,14 +102,19 @@ def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
 MAX_SPLITS = 16  # the merge unrolls over the splits
 # The upto forms' splits: True deals the key tiles out in turn (split j takes tiles j, j + SPLITS, ... up to the
 # last key any row sees), False gives each split a run of the cache's T slots, as the mask form must. With runs, a
-# cache longer than the context leaves the splits past ``last`` idle: on the H200, 501 of 4096 slots took the upto
-# form 11.0 / 13.6 us at batch 1 / 8 against 6.7 / 10.0 with 512 of 576 (docs/benchmarks.md, "Decode attention in
-# one launch"). Where each split's run is one tile the two are the same, bit for bit. Off until the GPU has timed it
-# (``OUT=$OUT bash benchmarks/issue7.sh visible``). Offline (``benchmarks/attention_regs.py``, Triton 3.6) both
-# compile with the same registers and no spill at 4 / 8 / 32 rows, and off, the kernel compiles as it did before
-# the switch existed. (A first form, runs of the visible keys, read ``last`` before the key loop to place them:
-# the 32-row RoPE token launch spilled 872 B a thread.)
-SPLIT_VISIBLE = False
+# cache longer than the context leaves the splits past ``last`` idle. Timed on an H100 (thirty-eighth session,
+# ``benchmarks/issue7.sh visible``; docs/benchmarks.md, "Dealt key tiles"): 501 of 4096 slots 11.3 -> 10.0 us at
+# batch 1, 15.1 -> 10.4 at batch 8, equal (within 0.1 us) at 32 / 64 and with 501 of 576 slots at every batch.
+# Where each split's run is one tile the two are the same, bit for bit.
+SPLIT_VISIBLE = True
+# Key tiles per program prefetched into L2 (``cp.async.bulk.prefetch.L2``, NVIDIA) at its start, once ``last`` is
+# read: the cache's bytes stream from HBM while the RoPE prologue runs, where the key loop's loads start only after
+# it (the prologue took ~1 us of the program, Qwen3's norms ~2.4: ``benchmarks/attention_timeline.py``). Only the
+# first tile: a step's later tiles come through the loop's pipeline, and prefetching a whole long run would evict
+# itself from L2 at batch 64. 0: off, until timed (``benchmarks/decode.py --set
+# kernels.triton.decode_attention.PREFETCH_TILES=1``). A hint: nothing waits on it, and a slot the prologue then
+# writes is written in L2, where the prefetch put the line (the GPU test checks the bits are the same either way).
+PREFETCH_TILES = 0
 
 
 @triton.jit
@@ -215,6 +221,8 @@ def _decode_attention_kernel(
     TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
     BLOCK_NEW: tl.constexpr,  # TOKENS rounded up to a power of two: ROPE's tile of the step's new k / v rows
     VISIBLE: tl.constexpr,  # UPTO: split the visible keys (0..last), not the cache's T slots (``SPLIT_VISIBLE``)
+    PREFETCH_BYTES: tl.constexpr,  # > 0: a cache row's bytes; the first PREFETCH_TILES key tiles prefetched into L2
+    PREFETCH_TILES: tl.constexpr,
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -235,6 +243,21 @@ def _decode_attention_kernel(
     else:
         lo = split * keys_per_split
         hi = tl.minimum(lo + keys_per_split, T)
+    # the last key before the prologue: its load overlaps the prologue's, and the prefetch below needs it
+    if UPTO and TOKENS == 1:
+        last_b = tl.load(keep_ptr + b * smb)
+        hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
+    if UPTO and TOKENS > 1:  # each row its token's last slot; the loop ends after the last any row sees
+        last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
+        hi = tl.minimum(hi, (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32))
+    if PREFETCH_BYTES > 0:  # the program's first key tiles into L2 while its prologue runs (``PREFETCH_TILES``)
+        for i in tl.static_range(PREFETCH_TILES):
+            first = lo + i * (SPLITS * BLOCK_T if VISIBLE else BLOCK_T)
+            if first < hi:
+                t_pf = tl.minimum(first + tl.arange(0, BLOCK_T), hi - 1)  # one whole row of D each
+                nbytes = tl.full([BLOCK_T], PREFETCH_BYTES, tl.int32)
+                prefetch_l2(k_base + t_pf * skt, nbytes)
+                prefetch_l2(v_base + t_pf * svt, nbytes)
     if ROPE:  # D == BLOCK_D (the op checks it): column j's RoPE partner is j + D/2 mod D
         dtype = q_ptr.dtype.element_ty
         partner = (cols + D // 2) % D
@@ -304,12 +327,6 @@ def _decode_attention_kernel(
             tl.debug_barrier()
         new_at = tl.where(mine, slot, -1)
     q = _mma_operand(q, EMULATE_CAST)
-    if UPTO and TOKENS == 1:
-        last_b = tl.load(keep_ptr + b * smb)
-        hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
-    if UPTO and TOKENS > 1:  # each row its token's last slot; the loop ends after the last any row sees
-        last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
-        hi = tl.minimum(hi, (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32))
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
@@ -376,6 +393,16 @@ def _decode_attention_kernel(
             _store(o / l_all[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
                    BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
             tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
+
+
+def _prefetch_bytes(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    """A cache row's bytes where both caches' rows can be bulk-prefetched (each row contiguous, every row's address
+    16-byte aligned, its size a multiple of 16), else 0."""
+    row = k_cache.shape[3] * k_cache.element_size()
+    ok = all(c.stride(3) == 1 and all(x % 16 == 0 for x in (c.data_ptr(), *(st * c.element_size() for st in
+                                                                        c.stride()[:3])))
+             for c in (k_cache, v_cache))  # fmt: skip
+    return row if ok and row % 16 == 0 and k_cache.dtype == v_cache.dtype else 0
 
 
 @functools.cache
@@ -537,10 +564,8 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         outputs = (out, (*out.stride()[:3], 0, out.stride(3)), scales, (*scales.stride()[:3], 0))
     out, out_strides, scales, scale_strides = outputs
     pairs = b * hkv
-    # the RoPE prologue keeps TABLE's rows (8 warps at 9-64 pairs): with WIDE's 4 warps its [rows, D] q / k steps
-    # spill (``benchmarks/attention_regs.py``, Triton 3.6: 328 B a thread at 32 rows, 1744 at 64, with Qwen3's norms;
-    # 8 warps 0 / 160 B; without the prologue nothing spills), and the rope-token step timings of the thirty-second
-    # session ran on TABLE's rows
+    # the RoPE prologue keeps TABLE's rows (8 warps at 9-64 pairs), those its token-step timings ran on: at 64 rows
+    # Qwen3's normed q / k spill 320 B a thread on WIDE's 4 warps (``benchmarks/attention_regs.py``, Triton 3.6)
     cfg = cfg or config_for(pairs, r if rope is None else 1)
     if out.numel() == 0:
         return (out, scales) if quant or both else out
@@ -553,6 +578,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     part, ml = _partials(pairs, splits, block_r, block_d, q.device) if splits > 1 else (out, out)
     rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,) + (0,) * 5
     constexprs = kernel_constexprs(q.device)
+    prefetch = _prefetch_bytes(k_cache, v_cache) if constexprs["PTX"] and PREFETCH_TILES > 0 else 0
     sob, soh, sor, so_s, sod = out_strides
     _decode_attention_kernel[(pairs, splits)](
         q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
@@ -564,7 +590,8 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
-        BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE,
+        BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE, PREFETCH_BYTES=prefetch,
+        PREFETCH_TILES=PREFETCH_TILES,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
