@@ -77,9 +77,14 @@ PATCHES = (
 )
 
 
-def traced_module():
-    """decode_attention.py with the marks, imported as a sibling module (its relative imports resolve)."""
-    src = inspect.getsource(decode_attention)
+def traced_module(source: str | None = None):
+    """decode_attention.py (or the file ``source``, another version of it) with the marks, imported as a sibling
+    module (its relative imports resolve)."""
+    if source:
+        with open(source) as f:
+            src = f.read()
+    else:
+        src = inspect.getsource(decode_attention)
     for anchor, new in PATCHES:
         if src.count(anchor) != 1:
             raise SystemExit(f"attention_timeline: anchor not found once in decode_attention.py: {anchor!r}")
@@ -138,14 +143,16 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq", type=int, default=576)
     p.add_argument("--launches", type=int, default=20)
     p.add_argument("--hot", action="store_true", help="no L2 flush before each launch")
+    p.add_argument("--source", default="", help="trace this copy of decode_attention.py instead (e.g. an earlier "
+                   "commit's, from git show), to compare two versions' phases")
     p.add_argument("--prefetch-tiles", type=int, default=None, help="decode_attention.PREFETCH_TILES for the copy "
                    "(default: the module's)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("attention_timeline.py needs an NVIDIA GPU (its marks are inline PTX)")
     hq, hk = (int(x) for x in a.heads.split(","))
-    traced = traced_module()
-    if a.prefetch_tiles is not None:
+    traced = traced_module(a.source or None)
+    if a.prefetch_tiles is not None and hasattr(traced, "PREFETCH_TILES"):
         traced.PREFETCH_TILES = a.prefetch_tiles
     # read, not written: a write leaves L2 full of dirty lines whose write-backs then share the HBM with the launch's
     # reads (the first timelines did that); a step's L2 holds the previous kernels' weights, clean
@@ -177,7 +184,7 @@ def main(argv=None) -> int:
                 traces.append(traced.TRACE[0].view(-1, SLOTS).cpu())
             print(f"\nbatch {batch} {model} {hq}/{hk}: {batch * hk} pairs x {splits} splits, {cfg}, "
                   f"{visible} of {a.max_seq} keys, {'hot L2' if a.hot else 'L2 flushed'}, PREFETCH_TILES "
-                  f"{traced.PREFETCH_TILES} (cycles; median of "
+                  f"{getattr(traced, 'PREFETCH_TILES', '-')}{' of ' + a.source if a.source else ''} (cycles; median of "
                   f"{a.launches} launches)")
             print(tabulate(summarize(traces, tiles), headers=["", "median program", "slowest program"]))
     return 0

@@ -43,7 +43,7 @@ for p in fn.params:
         sig[p.name] = "fp32" if p.name in ("scale", "eps") else "i32"
 rope, norm, quant, upto, ptx = (v == "1" for v in sys.argv[1:6])
 tokens = int(sys.argv[6])
-constexprs = dict(D=128, BLOCK_R=16, BLOCK_D=128, BLOCK_T=64, SPLITS=3, BLOCK_S=4, UPTO=upto, EMULATE_CAST=False,
+constexprs = dict(D=128, BLOCK_R=16, BLOCK_D=128, BLOCK_T=64, SPLITS=3, UPTO=upto, EMULATE_CAST=False,
                   QUANT=quant, G=128, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, PTX=ptx, ROPE=rope, NORM=norm,
                   NEW_FROM_REGISTERS=rope and not ptx, TOKENS=tokens, BLOCK_NEW=triton.next_power_of_2(tokens),
                   VISIBLE=upto, PREFETCH_BYTES=256 if ptx else 0, PREFETCH_TILES=1)  # prefetch: NVIDIA only

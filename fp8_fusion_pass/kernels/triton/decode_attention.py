@@ -211,7 +211,6 @@ def _decode_attention_kernel(
     skn_b, skn_h, skn_d, svn_b, svn_h, svn_d, sc_b, sc_d, ss_b, ss_d, sp_b, eps, skn_s, svn_s, sc_s, ssin_s, sp_s,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (batch row, kv head); above 1 they write partials, the last merges them
-    BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
     UPTO: tl.constexpr,  # keep_ptr is last [B]: row b sees slots 0..last[b] (no mask read; the loop ends there)
     EMULATE_CAST: tl.constexpr,  # the interpreter: bf16 widened / rounded by hand, MMAs on the fp32 values
     QUANT: tl.constexpr,  # o_ptr is fp8 and s_ptr its scales [B, Hkv, R, D / G]: the output rounded, then quantized
@@ -377,18 +376,19 @@ def _decode_attention_kernel(
         tl.store(ml + split * 2 * BLOCK_R + rows, m_i)
         tl.store(ml + split * 2 * BLOCK_R + BLOCK_R + rows, l_i)
         if _last_arrival(cnt_ptr, pair, SPLITS):
-            # Every split's max and sum in one load each, then the partials in an unrolled loop: independent loads,
-            # issued together (a loop of dependent L2 round trips cost ~0.7 us per split on the H200).
-            sp = tl.arange(0, BLOCK_S)
-            at = ml + sp[:, None] * 2 * BLOCK_R + rows[None, :]
-            ms = tl.load(at, mask=(sp < SPLITS)[:, None], other=float("-inf"), cache_modifier=".cg")
-            ls = tl.load(at + BLOCK_R, mask=(sp < SPLITS)[:, None], other=0.0, cache_modifier=".cg")
-            m_all = tl.max(ms, 0)
-            w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # [BLOCK_S, BLOCK_R]
-            l_all = tl.sum(w * ls, 0)
+            # Each split's max, sum and partial by row, in split order: elementwise across splits, so no reduction
+            # (a shared-memory round and barrier each, as the first form had) stands between the splits' loads,
+            # and they are issued together (SASS, thirty-eighth session; a loop of dependent L2 round trips cost
+            # ~0.7 us per split on the H200).
+            m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
+            for i in tl.static_range(SPLITS):
+                m_all = tl.maximum(m_all, tl.load(ml + i * 2 * BLOCK_R + rows, cache_modifier=".cg"))
+            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+            l_all = tl.zeros([BLOCK_R], tl.float32)
             o = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-            for i in tl.static_range(SPLITS):  # split order, whichever program came last
-                w_i = tl.sum(tl.where(sp[:, None] == i, w, 0.0), 0)
+            for i in tl.static_range(SPLITS):  # whichever program came last
+                w_i = tl.exp(tl.load(ml + i * 2 * BLOCK_R + rows, cache_modifier=".cg") - m_safe)
+                l_all += w_i * tl.load(ml + i * 2 * BLOCK_R + BLOCK_R + rows, cache_modifier=".cg")
                 o += w_i[:, None] * tl.load(part + i * BLOCK_R * BLOCK_D, cache_modifier=".cg")
             _store(o / l_all[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
                    BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
@@ -587,7 +587,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         tokens[1], so_s, *scale_strides,
         *rope_args,
         D=d, BLOCK_R=block_r, BLOCK_D=block_d, BLOCK_T=cfg.block_t, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), UPTO=upto, QUANT=quant, G=group_size if quant else d,
+        UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
         BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE, PREFETCH_BYTES=prefetch,
