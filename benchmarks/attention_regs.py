@@ -118,7 +118,7 @@ def sm90_constexprs(named: dict) -> dict:
     this script compiled that other path for every RoPE case)."""
     sm90 = dict(EMULATE_CAST=False, PTX=True)
     sm90["NEW_FROM_REGISTERS"] = named["ROPE"] and kernel.new_from_registers(sm90)
-    if kernel.PREFETCH_TILES > 0:  # the key tiles' L2 prefetch: NVIDIA only
+    if kernel.PREFETCH_TILES > 0 and named["ROPE"]:  # the key tiles' L2 prefetch: the RoPE launches', NVIDIA only
         sm90["PREFETCH_BYTES"] = kernel._prefetch_bytes(named["k_ptr"], named["v_ptr"])
     params = inspect.signature(kernel._decode_attention_kernel.fn).parameters.values()  # JIT or interpreter's
     constexprs = {p.name: sm90.get(p.name, named[p.name]) for p in params if "constexpr" in str(p.annotation)}

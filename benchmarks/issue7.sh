@@ -58,6 +58,11 @@
 #                                               visible keys; off until timed): its GPU tests, then the upto op with
 #                                               and without it, 501 of 4096 slots in use and 501 of 576, batch 1-64
 #                                               (written in the thirty-seventh session, not run)
+#     OUT=$OUT bash benchmarks/issue7.sh prefetch  decode_attention.PREFETCH_TILES (the RoPE launch's first key tile
+#                                               into L2 during its prologue; off until timed): its GPU tests, the
+#                                               launch's phase clocks with it off / on (attention_timeline.py), then
+#                                               Llama-3.1-8B batch 8 and Qwen3-32B batch 1 engine steps with it off
+#                                               and on (written in the thirty-eighth session, not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -146,8 +151,22 @@ case "${1:-}" in
                      --context 500 --max-seq $seq > "$out/visible_$seq.txt" 2>&1 || exit $?
                  tail -10 "$out/visible_$seq.txt"
              done ;;
+    prefetch) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py \
+                  -k "prefetch or visible" > "$out/prefetch_tests.log" 2>&1; tail -2 "$out/prefetch_tests.log"
+              for tiles in 0 1; do
+                  python benchmarks/attention_timeline.py --batches 8,1 --models llama,qwen3 --prefetch-tiles $tiles \
+                      > "$out/timeline_prefetch$tiles.txt" 2>&1 || exit $?
+                  grep -E "^batch|^prologue|^key loop |^merge|^span" "$out/timeline_prefetch$tiles.txt"
+              done
+              for run in "llama3.1-8b 8" "qwen3-32b 1"; do  # not decode_*.json: the targets table has these cells
+                  for tiles in 0 1; do
+                      "${decode[@]}" --presets ${run% *} --forms engine --batches ${run#* } --interleave 2 \
+                          --set kernels.triton.decode_attention.PREFETCH_TILES=$tiles \
+                          --json "$out/prefetch_${run% *}_$tiles.json" || exit $?
+                  done
+              done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

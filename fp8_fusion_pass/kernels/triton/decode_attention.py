@@ -16,8 +16,7 @@ With more than one split, each program writes its fp32 partial (acc, max, sum), 
 kv head) counter (``_small_m_kernels._last_arrival``), and the program that arrives last merges the splits in split
 order: the result does not depend on scheduling. ``decode_attention_upto`` (the mask a decode step builds,
 ``slot <= position``, given as the positions) reads no mask: the key loop ends at ``last[b]``, so a 4096-slot cache
-at position 500 reads 501 keys. (A first pass over a mask to find its last visible key, ``trim``, was measured on
-the H200 and removed: in no batch's top 5 of the sweep, 2026-12-03.)
+at position 500 reads 501 keys, dealt out to the splits by tile (``SPLIT_VISIBLE``).
 
 ``decode_attention_tokens_quant`` (``TOKENS`` > 1, a step verifying draft tokens) takes q as ``[B, Hq, S, D]`` at any
 strides and writes ``[B, S, Hq, D]``: row r of a kv head is head r // S at token r % S, each read and written at its
@@ -29,9 +28,7 @@ each program RoPEs its kv head's query rows (with ``NORM`` each head RMS-normed 
 new k with ``rms_norm_rope``'s roundings, the program whose keys hold the new slot stores k and v there, and after a
 barrier its key loop reads them back like any other slot (no other program of that kv head reads the slot; off
 NVIDIA, with no barrier promised to order global memory, the loop takes them from registers and the stores come
-after it). A first
-version put the new k / v into the loaded tiles with a select in the key loop and compiled the kernel without fp
-fusion: decode steps up to 1.10x slower on the H200 (which of the two cost it was not profiled).
+after it: on NVIDIA that select made decode steps up to 1.10x slower, H200).
 
 Numerics: scores are fp32 dot products of the bf16 / fp16 q and k (exact products, fp32 sums), times ``scale`` in
 fp32; softmax in fp32; ``p`` is rounded to the value dtype for the p @ v MMA (fp32 sums), the division by the sum
@@ -101,19 +98,16 @@ def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
 
 MAX_SPLITS = 16  # the merge unrolls over the splits
 # The upto forms' splits: True deals the key tiles out in turn (split j takes tiles j, j + SPLITS, ... up to the
-# last key any row sees), False gives each split a run of the cache's T slots, as the mask form must. With runs, a
-# cache longer than the context leaves the splits past ``last`` idle. Timed on an H100 (thirty-eighth session,
-# ``benchmarks/issue7.sh visible``; docs/benchmarks.md, "Dealt key tiles"): 501 of 4096 slots 11.3 -> 10.0 us at
-# batch 1, 15.1 -> 10.4 at batch 8, equal (within 0.1 us) at 32 / 64 and with 501 of 576 slots at every batch.
+# last key any row sees), False gives each split a run of the cache's T slots, as the mask form must; runs leave
+# the splits past ``last`` idle. H100 (``issue7.sh visible``; docs/benchmarks.md, "Inside the attention launch"):
+# 501 of 4096 slots 11.3 -> 10.0 us at batch 1, 15.1 -> 10.4 at 8, equal at 32 / 64 and at 501 of 576 slots.
 # Where each split's run is one tile the two are the same, bit for bit.
 SPLIT_VISIBLE = True
-# Key tiles per program prefetched into L2 (``cp.async.bulk.prefetch.L2``, NVIDIA) at its start, once ``last`` is
-# read: the cache's bytes stream from HBM while the RoPE prologue runs, where the key loop's loads start only after
-# it (the prologue took ~1 us of the program, Qwen3's norms ~2.4: ``benchmarks/attention_timeline.py``). Only the
-# first tile: a step's later tiles come through the loop's pipeline, and prefetching a whole long run would evict
-# itself from L2 at batch 64. 0: off, until timed (``benchmarks/decode.py --set
-# kernels.triton.decode_attention.PREFETCH_TILES=1``). A hint: nothing waits on it, and a slot the prologue then
-# writes is written in L2, where the prefetch put the line (the GPU test checks the bits are the same either way).
+# Key tiles per RoPE launch's program prefetched into L2 (``_prefetch``, NVIDIA) once the prologue's loads are
+# issued: the cache streams from HBM during the prologue's math, stores and barrier, which the key loop's loads
+# wait for (~1 us of a program, Qwen3's norms ~2.4: ``benchmarks/attention_timeline.py``). One tile: later tiles
+# come through the loop's pipeline, and a whole run would evict itself from L2 at batch 64. 0: off until timed
+# (``decode.py --set kernels.triton.decode_attention.PREFETCH_TILES=1``). A hint: the bits do not change (GPU test).
 PREFETCH_TILES = 0
 
 
@@ -162,6 +156,20 @@ def _owns(slot, lo, per, split, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, VIS
     if VISIBLE:
         return (slot // BLOCK_T) % SPLITS == split
     return (slot >= lo) & (slot < lo + per)
+
+
+@triton.jit
+def _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr,
+              NBYTES: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
+    """With NBYTES (a cache row's bytes) the program's first TILES key tiles of K and V into L2 (``PREFETCH_TILES``),
+    rows up to ``hi``. Called once the prologue's loads are issued: no load is issued across its asm statements."""
+    if NBYTES > 0:
+        for i in tl.static_range(TILES):
+            first = lo + i * (SPLITS * BLOCK_T if VISIBLE else BLOCK_T)
+            if first < hi:
+                t = tl.minimum(first + tl.arange(0, BLOCK_T), hi - 1)
+                prefetch_l2(k_base + t * skt, tl.full([BLOCK_T], NBYTES, tl.int32))
+                prefetch_l2(v_base + t * svt, tl.full([BLOCK_T], NBYTES, tl.int32))
 
 
 @triton.jit
@@ -220,7 +228,7 @@ def _decode_attention_kernel(
     TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
     BLOCK_NEW: tl.constexpr,  # TOKENS rounded up to a power of two: ROPE's tile of the step's new k / v rows
     VISIBLE: tl.constexpr,  # UPTO: split the visible keys (0..last), not the cache's T slots (``SPLIT_VISIBLE``)
-    PREFETCH_BYTES: tl.constexpr,  # > 0: a cache row's bytes; the first PREFETCH_TILES key tiles prefetched into L2
+    PREFETCH_BYTES: tl.constexpr,  # ROPE, > 0: a cache row's bytes; the first PREFETCH_TILES key tiles into L2
     PREFETCH_TILES: tl.constexpr,
 ):  # fmt: skip
     pair = tl.program_id(0)
@@ -242,21 +250,13 @@ def _decode_attention_kernel(
     else:
         lo = split * keys_per_split
         hi = tl.minimum(lo + keys_per_split, T)
-    # the last key before the prologue: its load overlaps the prologue's, and the prefetch below needs it
+    # the last key before the prologue: its load overlaps the prologue's, and the prologue's prefetch needs it
     if UPTO and TOKENS == 1:
         last_b = tl.load(keep_ptr + b * smb)
         hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
     if UPTO and TOKENS > 1:  # each row its token's last slot; the loop ends after the last any row sees
         last_r = tl.load(keep_ptr + b * smb + (rows % TOKENS) * smr, mask=row_ok, other=-1)
         hi = tl.minimum(hi, (tl.minimum(tl.max(last_r, 0), T - 1) + 1).to(tl.int32))
-    if PREFETCH_BYTES > 0:  # the program's first key tiles into L2 while its prologue runs (``PREFETCH_TILES``)
-        for i in tl.static_range(PREFETCH_TILES):
-            first = lo + i * (SPLITS * BLOCK_T if VISIBLE else BLOCK_T)
-            if first < hi:
-                t_pf = tl.minimum(first + tl.arange(0, BLOCK_T), hi - 1)  # one whole row of D each
-                nbytes = tl.full([BLOCK_T], PREFETCH_BYTES, tl.int32)
-                prefetch_l2(k_base + t_pf * skt, nbytes)
-                prefetch_l2(v_base + t_pf * svt, nbytes)
     if ROPE:  # D == BLOCK_D (the op checks it): column j's RoPE partner is j + D/2 mod D
         dtype = q_ptr.dtype.element_ty
         partner = (cols + D // 2) % D
@@ -271,17 +271,18 @@ def _decode_attention_kernel(
         if TOKENS == 1:  # one table row for every q row, one new k / v row, one slot
             c = to_fp32(tl.load(cos_ptr + b * sc_b + cols * sc_d), EMULATE_CAST)
             s_ = to_fp32(tl.load(sin_ptr + b * ss_b + cols * ss_d), EMULATE_CAST)
-            q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
-                       s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
             k_row = kn_ptr + b * skn_b + h * skn_h
-            k_new = _roped(to_fp32(tl.load(k_row + cols * skn_d), EMULATE_CAST),
-                           to_fp32(tl.load(k_row + partner * skn_d), EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
-                           NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+            k_x, k_xp = tl.load(k_row + cols * skn_d), tl.load(k_row + partner * skn_d)
             v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + cols * svn_d)
             # The new token's slot (negative counts from the end, as indexing does; outside [-T, T) nothing is
             # written). The program whose split holds it stores k / v there and reads them back in its key loop: no
             # other program of this (batch row, kv head) reads that slot, so no load can race the store.
             slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
+            _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE, SPLITS, BLOCK_T, PREFETCH_BYTES, PREFETCH_TILES)
+            q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
+                       s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+            k_new = _roped(to_fp32(k_x, EMULATE_CAST), to_fp32(k_xp, EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
+                           NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
             slot = tl.where(slot < 0, slot + T, slot)
             mine = (slot >= 0) & (slot < T) & _owns(slot, lo, keys_per_split, split, BLOCK_T, SPLITS, VISIBLE)
             write = tl.where(mine, col_ok, False)  # (not col_ok & mine: the interpreter makes that int32, not a mask)
@@ -316,6 +317,7 @@ def _decode_attention_kernel(
             write = tl.where(mine[:, None], col_ok[None, :], False)
             k_dst = k_base + slot[:, None] * skt + cols[None, :] * skd
             v_dst = v_base + slot[:, None] * svt + cols[None, :] * svd
+            _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE, SPLITS, BLOCK_T, PREFETCH_BYTES, PREFETCH_TILES)
         if not NEW_FROM_REGISTERS:
             tl.store(k_dst, k_new, mask=write)
             tl.store(v_dst, v_new, mask=write)
@@ -376,10 +378,8 @@ def _decode_attention_kernel(
         tl.store(ml + split * 2 * BLOCK_R + rows, m_i)
         tl.store(ml + split * 2 * BLOCK_R + BLOCK_R + rows, l_i)
         if _last_arrival(cnt_ptr, pair, SPLITS):
-            # Each split's max, sum and partial by row, in split order: elementwise across splits, so no reduction
-            # (a shared-memory round and barrier each, as the first form had) stands between the splits' loads,
-            # and they are issued together (SASS, thirty-eighth session; a loop of dependent L2 round trips cost
-            # ~0.7 us per split on the H200).
+            # Each split's max, sum and partial by row, in split order: elementwise, so no reduction (a barrier
+            # each, as before the thirty-eighth session) stands between the splits' loads: they issue together.
             m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
             for i in tl.static_range(SPLITS):
                 m_all = tl.maximum(m_all, tl.load(ml + i * 2 * BLOCK_R + rows, cache_modifier=".cg"))
@@ -578,7 +578,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     part, ml = _partials(pairs, splits, block_r, block_d, q.device) if splits > 1 else (out, out)
     rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,) + (0,) * 5
     constexprs = kernel_constexprs(q.device)
-    prefetch = _prefetch_bytes(k_cache, v_cache) if constexprs["PTX"] and PREFETCH_TILES > 0 else 0
+    prefetch = _prefetch_bytes(k_cache, v_cache) if rope and constexprs["PTX"] and PREFETCH_TILES > 0 else 0
     sob, soh, sor, so_s, sod = out_strides
     _decode_attention_kernel[(pairs, splits)](
         q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
