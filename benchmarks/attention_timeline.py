@@ -63,8 +63,7 @@ PATCHES = (
      "    tl.store(_tr + 6, _gtimer())\n    tl.store(_tr + 0, _clock())\n"
      "    tl.store(_tr + 8, _smid().to(tl.int64))\n"),
     ("            tl.debug_barrier()\n", "            tl.debug_barrier()\n            tl.store(_tr + 1, _clock())\n"),
-    ("        tl.store(part + split * BLOCK_R * BLOCK_D, acc)\n",
-     "        tl.store(part + split * BLOCK_R * BLOCK_D, acc)\n        tl.store(_tr + 2, _clock())\n"),
+    ("  # the real rows: R of BLOCK_R\n", "  # the real rows: R of BLOCK_R\n        tl.store(_tr + 2, _clock())\n"),
     ("        if _last_arrival(cnt_ptr, pair, SPLITS):\n",
      "        _won = _last_arrival(cnt_ptr, pair, SPLITS)\n        tl.store(_tr + 3, _clock())\n"
      "        tl.store(_tr + 9, _won.to(tl.int64))\n        if _won:\n"),

@@ -374,7 +374,7 @@ def _decode_attention_kernel(
     else:
         part = part_ptr + pair * SPLITS * BLOCK_R * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
         ml = ml_ptr + pair * SPLITS * 2 * BLOCK_R
-        tl.store(part + split * BLOCK_R * BLOCK_D, acc)
+        tl.store(part + split * BLOCK_R * BLOCK_D, acc, mask=row_ok[:, None])  # the real rows: R of BLOCK_R
         tl.store(ml + split * 2 * BLOCK_R + rows, m_i)
         tl.store(ml + split * 2 * BLOCK_R + BLOCK_R + rows, l_i)
         if _last_arrival(cnt_ptr, pair, SPLITS):
@@ -389,7 +389,7 @@ def _decode_attention_kernel(
             for i in tl.static_range(SPLITS):  # whichever program came last
                 w_i = tl.exp(tl.load(ml + i * 2 * BLOCK_R + rows, cache_modifier=".cg") - m_safe)
                 l_all += w_i * tl.load(ml + i * 2 * BLOCK_R + BLOCK_R + rows, cache_modifier=".cg")
-                o += w_i[:, None] * tl.load(part + i * BLOCK_R * BLOCK_D, cache_modifier=".cg")
+                o += w_i[:, None] * tl.load(part + i * BLOCK_R * BLOCK_D, row_ok[:, None], 0.0, cache_modifier=".cg")
             _store(o / l_all[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
                    BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
             tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
