@@ -65,6 +65,11 @@ TOKENS = ("masked+quant", "math+quant", "tokens_quant", "masked+copy", "math+cop
 CHECK_REL_ERR = 6e-3
 SWEEP = [kernel.AttentionConfig(bt, w, st, p) for bt in (16, 32, 64, 128) for w in (4, 8) for st in (2, 3)
          for p in (0, 1, 2, 4)]  # fmt: skip (programs 0: one split per kv head)
+# Split counts that no ``programs`` gives at batch 1 / 8 (8 / 64 pairs: 1 program per SM is 17 / 3 splits, capped
+# by the tiles): 2-4 splits of 64- / 128-key tiles, added in the thirty-eighth session once the merge's cost stopped
+# growing by ~500 cycles a split (docs/benchmarks.md, "Inside the attention launch")
+SWEEP += [kernel.AttentionConfig(bt, w, st, 0, s) for bt in (64, 128) for w in (4, 8) for st in (2, 3)
+          for s in (2, 3, 4)]  # fmt: skip
 
 
 def grouped_keep(positions, groups: int, t: int):

@@ -17,8 +17,9 @@ the models here too (default 8B heads, both models).
 graph, so the graph launch is not counted), per batch, at ``--heads`` (Qwen3-32B: ``64,8``, 8 query rows per kv
 head where the 8B models have 4) for ``--models``, with the o_proj's quant: the configs that ``TABLE`` picks from;
 with ``--tokens`` the token form's RoPE launch (``--heads 64,8 --tokens 8``: 64 rows per kv head). ``--programs``
-keeps the configs of those programs per SM only (0: one split per kv head), and TABLE's, so a question about one
-kind of config fits one call of the device machine (the whole SWEEP at 64 rows did not).
+keeps the configs of those programs per SM only (0: one split per kv head; ``s2``: those of 2 splits), and
+TABLE's, so a question about one kind of config fits one call of the device machine (the whole SWEEP at 64 rows
+did not).
 """
 
 from __future__ import annotations
@@ -86,10 +87,15 @@ def fused(args, group: int):
     return ops.rope_decode_attention(*args, args[8].view(-1), scale, group)
 
 
+def _kind(cfg) -> int | str:
+    """What ``--programs`` calls a config: its programs per SM, or "sN" where it asks for N splits."""
+    return f"s{cfg.splits}" if cfg.splits else cfg.programs
+
+
 def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, programs=None) -> None:
     """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first.
     ``tokens`` above 1: ``rope_decode_attention_tokens_quant`` at heads / kv heads x tokens rows per kv head;
-    ``programs``: only the configs of those programs per SM, and TABLE's."""
+    ``programs``: only the configs of those programs per SM (or "sN": of N splits), and TABLE's."""
     from attention_decode import SWEEP
     from tabulate import tabulate
 
@@ -105,7 +111,7 @@ def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, p
             args = inputs(batch, model == "qwen3", max_seq, context, hq, hk, tokens=tokens)
             last, scale = args[8] if tokens > 1 else args[8].view(-1), args[0].shape[-1] ** -0.5
             chosen = kernel.config_for(batch * hk)  # a RoPE launch takes TABLE's rows at any rows (_launch)
-            configs = [c for c in SWEEP if programs is None or c.programs in programs or c == chosen]
+            configs = [c for c in SWEEP if programs is None or _kind(c) in programs or c == chosen]
             times = []
             for cfg in configs:
                 def run(*a, cfg=cfg, last=last, scale=scale):
@@ -132,7 +138,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq", type=int, default=576)
     p.add_argument("--sweep", action="store_true", help="time the fused op at every attention_decode.SWEEP config")
     p.add_argument("--programs", default="", help="with --sweep: only the configs of these programs per SM (e.g. "
-                   "0,1), and TABLE's")
+                   "0,1; s2 for the configs of 2 splits), and TABLE's")
     p.add_argument("--heads", default="32,8", help="query heads, kv heads (Qwen3-32B: 64,8)")
     p.add_argument("--models", default="llama,qwen3", help="llama (RoPE alone), qwen3 (q / k norms too)")
     p.add_argument("--tokens", type=int, default=1, help="tokens per step; above 1 (verifying draft tokens) the "
@@ -153,10 +159,11 @@ def main(argv=None) -> int:
     if a.programs:
         from attention_decode import SWEEP
 
-        swept, words = {c.programs for c in SWEEP}, a.programs.split(",")
-        programs = {int(n) for n in words if n.isdigit()}
+        swept, words = {_kind(c) for c in SWEEP}, a.programs.split(",")
+        programs = {int(n) if n.isdigit() else n for n in words}
         if not programs <= swept or len(programs) != len(words):
-            p.error(f"--programs takes programs per SM of SWEEP's configs {sorted(swept)}, got {a.programs!r}")
+            p.error(f"--programs takes programs per SM of SWEEP's configs or sN for N splits {sorted(map(str, swept))}"
+                    f", got {a.programs!r}")
     if a.once and a.sweep:
         p.error("--once launches the fused op at TABLE's config; --sweep times every config: one or the other")
     if a.once:

@@ -66,6 +66,18 @@ def test_split_plan_covers_every_key():
         assert 1 <= splits <= kernel.MAX_SPLITS
 
 
+def test_a_config_may_name_its_split_count():
+    # AttentionConfig.splits: that many splits whatever the SMs, at most one a tile and MAX_SPLITS (40 -> 16 asked,
+    # 5 of the 70 tiles each: 14 splits)
+    for want, t, got in [(2, 576, 2), (3, 576, 3), (4, 200, 4), (4, 100, 2), (40, 64 * 70, 14)]:
+        cfg = kernel.AttentionConfig(block_t=64, splits=want)
+        splits, per = kernel.plan(8, t, 132, cfg)
+        assert splits == got and splits * per >= t > (splits - 1) * per, (want, t)
+    q, k, v, keep, scale = inputs(2, 2, 4, 300, 32, [299, 130])
+    got = kernel.decode_attention_upto(q, k, v, torch.tensor([299, 130]), scale, kernel.AttentionConfig(splits=3))
+    assert rel_l2(got, ref.decode_attention(q, k, v, keep, scale)) <= tolerances.ATTENTION_REL_L2
+
+
 def test_more_accurate_than_the_math_form():
     """The kernel rounds fewer intermediates than the graph it replaces (score GEMM output, probabilities)."""
     q, k, v, keep, scale = inputs(2, 2, 4, 256, 128, [200, 255])

@@ -163,7 +163,25 @@ def test_sweep_of_some_programs_keeps_those_configs_and_tables(on_cpu, monkeypat
     assert "TABLE's nan" not in line, line
 
 
+def test_sweep_of_a_split_count_keeps_those_configs(monkeypatch, capsys):
+    # --programs s2: the configs that ask for 2 splits (and TABLE's), not the one-split ones nor programs-1's
+    table = attention_decode.kernel.config_for(2)
+    two = next(c for c in attention_decode.SWEEP if c.splits == 2)
+    monkeypatch.setattr(decode, "DEVICE", "cpu")  # as on_cpu, whose SWEEP has no 2-split config
+    monkeypatch.setattr(attention_decode, "SWEEP", [attention_decode.SWEEP[0], attention_decode.SWEEP[1], two, table])
+    args = ["--sweep", "--programs", "s2", "--heads", "8,2", "--batches", "1", "--models", "llama", "--max-seq", "24",
+            "--context", "20"]  # fmt: skip
+    grad = torch.is_grad_enabled()
+    try:
+        assert rope_attention.main(args) == 0
+    finally:
+        torch.set_grad_enabled(grad)
+    line = next(x for x in capsys.readouterr().err.splitlines() if "sweep batch 1" in x)
+    assert line.count("AttentionConfig(") == 2 and str(two) in line and str(table) in line, line
+
+
 @pytest.mark.parametrize("args", [["--sweep", "--programs", "3"], ["--sweep", "--programs", "0,x"],
+                                  ["--sweep", "--programs", "s9"],
                                   ["--sweep", "--programs", "0,,1"], ["--programs", "0"]])
 def test_sweep_refuses_programs_no_config_has_and_programs_without_a_sweep(on_cpu, args):
     with pytest.raises(SystemExit):

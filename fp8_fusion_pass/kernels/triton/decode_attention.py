@@ -59,6 +59,7 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 2
     programs: int = 2  # split the keys until there are about this many programs per SM (never below BLOCK_T each)
+    splits: int = 0  # > 0: this many splits instead (at most one a tile): counts ``programs`` cannot name, e.g. 2
 
 
 DEFAULT = AttentionConfig()
@@ -104,10 +105,9 @@ MAX_SPLITS = 16  # the merge unrolls over the splits
 # Where each split's run is one tile the two are the same, bit for bit.
 SPLIT_VISIBLE = True
 # Key tiles per RoPE launch's program prefetched into L2 (``_prefetch``, NVIDIA) once the prologue's loads are
-# issued: the cache streams from HBM during the prologue's math, stores and barrier, which the key loop's loads
-# wait for (~1 us of a program, Qwen3's norms ~2.4: ``benchmarks/attention_timeline.py``). One tile: later tiles
-# come through the loop's pipeline, and a whole run would evict itself from L2 at batch 64. 0: off until timed
-# (``decode.py --set kernels.triton.decode_attention.PREFETCH_TILES=1``). A hint: the bits do not change (GPU test).
+# issued, so the cache streams from HBM during the prologue's math, stores and barrier (~1 us of a program, Qwen3's
+# norms ~2.4: ``benchmarks/attention_timeline.py``). One tile: later ones come through the loop's pipeline, and a
+# whole run would evict itself from L2 at batch 64. 0: off until timed (``issue7.sh prefetch``). Bits unchanged.
 PREFETCH_TILES = 0
 
 
@@ -413,10 +413,10 @@ def _sm_count(device: torch.device) -> int:
 
 
 def plan(pairs: int, t: int, sms: int, cfg: AttentionConfig = DEFAULT) -> tuple[int, int]:
-    """(splits, keys per split): enough programs for ``cfg.programs`` per SM, each at least one ``BLOCK_T`` tile
-    of keys, at most ``MAX_SPLITS``."""
+    """(splits, keys per split): enough programs for ``cfg.programs`` per SM (or ``cfg.splits``), each at least one
+    ``BLOCK_T`` tile of keys, at most ``MAX_SPLITS``."""
     tiles = triton.cdiv(max(t, 1), cfg.block_t)
-    want = triton.cdiv(cfg.programs * sms, max(pairs, 1))
+    want = cfg.splits or triton.cdiv(cfg.programs * sms, max(pairs, 1))
     splits = max(1, min(want, tiles, MAX_SPLITS))
     per = triton.cdiv(tiles, splits) * cfg.block_t
     return triton.cdiv(max(t, 1), per), per
