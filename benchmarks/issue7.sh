@@ -63,6 +63,10 @@
 #                                               launch's phase clocks with it off / on (attention_timeline.py), then
 #                                               Llama-3.1-8B batch 8 and Qwen3-32B batch 1 engine steps with it off
 #                                               and on (written in the thirty-eighth session, not run)
+#     OUT=$OUT bash benchmarks/issue7.sh fewer   the RoPE launch at 2-4 splits (AttentionConfig.splits, no TABLE row
+#                                               yet) against the programs-per-SM configs and TABLE's, batch 1 and 8,
+#                                               the 8B heads and Qwen3-32B's (written in the thirty-eighth session,
+#                                               not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -165,8 +169,12 @@ case "${1:-}" in
                           --json "$out/prefetch_${run% *}_$tiles.json" || exit $?
                   done
               done ;;
+    fewer) python benchmarks/rope_attention.py --sweep --programs 1,s2,s3,s4 --batches 1,8 --models llama,qwen3 \
+               > "$out/fewer_8b.txt" 2>&1 && tail -6 "$out/fewer_8b.txt" \
+           && python benchmarks/rope_attention.py --sweep --programs 1,s2,s3,s4 --heads 64,8 --batches 1,8 \
+                  --models qwen3 > "$out/fewer_32b.txt" 2>&1 && tail -4 "$out/fewer_32b.txt" ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
