@@ -67,6 +67,12 @@
 #                                               yet) against the programs-per-SM configs and TABLE's, batch 1 and 8,
 #                                               the 8B heads and Qwen3-32B's (written in the thirty-eighth session,
 #                                               not run)
+#     OUT=$OUT bash benchmarks/issue7.sh ropewide  the RoPE token launch at 32 rows on WIDE's 4-warp configs
+#                                               (decode_attention.ROPE_WIDE_ROWS = 32) against TABLE's: Llama-3.1-8B
+#                                               8-token steps (4 heads x 8 tokens), 16 layers, batch 1 / 8 / 32; then
+#                                               Qwen3-8B's with its norms in the launch at 32 rows on WIDE's configs
+#                                               against the pass minus rope_attention (written in the thirty-eighth
+#                                               session, not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -173,8 +179,16 @@ case "${1:-}" in
                > "$out/fewer_8b.txt" 2>&1 && tail -6 "$out/fewer_8b.txt" \
            && python benchmarks/rope_attention.py --sweep --programs 1,s2,s3,s4 --heads 64,8 --batches 1,8 \
                   --models qwen3 > "$out/fewer_32b.txt" 2>&1 && tail -4 "$out/fewer_32b.txt" ;;
+    ropewide) for wide in 32 0; do  # not decode_*.json: no target counts steps of several tokens
+                  "${decode[@]}" --presets llama3.1-8b --forms engine --batches 1,8,32 --tokens 8 --layers 16 \
+                      --interleave 2 --set kernels.triton.decode_attention.ROPE_WIDE_ROWS=$wide \
+                      --json "$out/ropewide_llama_$wide.json" || exit $?
+              done
+              "${decode[@]}" --presets qwen3-8b --forms engine --batches 1,8,32 --tokens 8 --layers 16 --interleave 2 \
+                  --also=-rope_attention --set patterns.rope_attention.MAX_NORM_TOKEN_ROWS=32,kernels.triton.decode_attention.ROPE_WIDE_ROWS=32 \
+                  --json "$out/ropewide_qwen3.json" ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

@@ -290,3 +290,18 @@ def test_the_rope_prologue_takes_the_one_token_configs(monkeypatch):
     kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
     kernel.decode_attention_tokens_quant(*token_inputs(2, 1, 8, 4, 40, 64)[:4], 0.125, 64)
     assert asked == [1, 32]
+
+
+@pytest.mark.parametrize("wide, rows, want_rows", [(0, 32, 1), (32, 32, 32), (16, 32, 1), (64, 64, 64)])
+def test_rope_launches_take_wide_rows_up_to_their_bound(monkeypatch, wide, rows, want_rows):
+    # decode_attention.ROPE_WIDE_ROWS: a RoPE token launch of at most that many rows per kv head picks its config
+    # from WIDE by its rows, as the plain launches do; above it (and at 0, the default) from TABLE (rows 1)
+    monkeypatch.setattr(kernel, "ROPE_WIDE_ROWS", wide)
+    asked, real = [], kernel.config_for
+    monkeypatch.setattr(kernel, "config_for", lambda pairs, r=1: asked.append(r) or real(pairs, r))
+    tokens = rows // 4
+    args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)
+    got = kernel.rope_decode_attention_tokens_quant(*_clone(args), args[8], 0.125, 64)
+    assert asked == [want_rows]
+    want = _token_pair(_clone(args), args[8], 0.125, 64, kernel.config_for(2 * 2, want_rows))  # same config
+    assert_quant_close(*got, *want, scale_rel=tolerances.SCALE_REL_TOL, max_flip=0.02, max_steps=1, what="wide")

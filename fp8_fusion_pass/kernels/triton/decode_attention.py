@@ -109,6 +109,7 @@ SPLIT_VISIBLE = True
 # norms ~2.4: ``benchmarks/attention_timeline.py``). One tile: later ones come through the loop's pipeline, and a
 # whole run would evict itself from L2 at batch 64. 0: off until timed (``issue7.sh prefetch``). Bits unchanged.
 PREFETCH_TILES = 0
+ROPE_WIDE_ROWS = 0  # RoPE launches of <= this many rows take WIDE's configs (untimed; 32 rows spill on neither)
 
 
 @triton.jit
@@ -161,8 +162,8 @@ def _owns(slot, lo, per, split, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, VIS
 @triton.jit
 def _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr,
               NBYTES: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
-    """With NBYTES (a cache row's bytes) the program's first TILES key tiles of K and V into L2 (``PREFETCH_TILES``),
-    rows up to ``hi``. Called once the prologue's loads are issued: no load is issued across its asm statements."""
+    """With NBYTES (a cache row's bytes) the first TILES key tiles of K and V up to ``hi`` into L2; called after
+    the prologue's loads: none is issued across its asm statements."""
     if NBYTES > 0:
         for i in tl.static_range(TILES):
             first = lo + i * (SPLITS * BLOCK_T if VISIBLE else BLOCK_T)
@@ -454,10 +455,9 @@ def decode_attention_upto_quant(q, k_cache, v_cache, last, scale: float, group_s
 
 
 def new_from_registers(constexprs: dict) -> bool:
-    """The RoPE prologue's new k / v reach the key loop from registers (a select in the loop; the stores after it)
-    rather than stored, a barrier, and read back: off NVIDIA (ROCm), where no barrier lowering promises to order
-    global memory between a program's threads. The interpreter runs programs one thread at a time: the NVIDIA path
-    (the tests switch this to check the other)."""
+    """The RoPE's new k / v reach the key loop from registers (a select in the loop; the stores after it), not
+    stored, a barrier and read back: off NVIDIA (ROCm), where no barrier lowering promises to order global memory
+    between a program's threads. The interpreter (one thread a program) takes the NVIDIA path; tests switch it."""
     return not constexprs["PTX"] and not constexprs["EMULATE_CAST"]
 
 
@@ -564,9 +564,8 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         outputs = (out, (*out.stride()[:3], 0, out.stride(3)), scales, (*scales.stride()[:3], 0))
     out, out_strides, scales, scale_strides = outputs
     pairs = b * hkv
-    # the RoPE prologue keeps TABLE's rows (8 warps at 9-64 pairs), those its token-step timings ran on: at 64 rows
-    # Qwen3's normed q / k spill 320 B a thread on WIDE's 4 warps (``benchmarks/attention_regs.py``, Triton 3.6)
-    cfg = cfg or config_for(pairs, r if rope is None else 1)
+    # RoPE launches above ROPE_WIDE_ROWS rows keep TABLE's rows (8 warps at 9-64 pairs), those their timings ran on
+    cfg = cfg or config_for(pairs, r if rope is None or r <= ROPE_WIDE_ROWS else 1)
     if out.numel() == 0:
         return (out, scales) if quant or both else out
     block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
