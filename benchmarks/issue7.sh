@@ -57,16 +57,16 @@
 #     OUT=$OUT bash benchmarks/issue7.sh visible  decode_attention.SPLIT_VISIBLE (the upto forms' splits over the
 #                                               visible keys; off until timed): its GPU tests, then the upto op with
 #                                               and without it, 501 of 4096 slots in use and 501 of 576, batch 1-64
-#                                               (written in the thirty-seventh session, not run)
+#                                               (H100, thirty-eighth session: on since)
 #     OUT=$OUT bash benchmarks/issue7.sh prefetch  decode_attention.PREFETCH_TILES (the RoPE launch's first key tile
 #                                               into L2 during its prologue; off until timed): its GPU tests, the
 #                                               launch's phase clocks with it off / on (attention_timeline.py), then
 #                                               Llama-3.1-8B batch 8 and Qwen3-32B batch 1 engine steps with it off
-#                                               and on (written in the thirty-eighth session, not run)
+#                                               and on (218 s on a warm H100, thirty-ninth session: 1 lost)
 #     OUT=$OUT bash benchmarks/issue7.sh fewer   the RoPE launch at 2-4 splits (AttentionConfig.splits, no TABLE row
 #                                               yet) against the programs-per-SM configs and TABLE's, batch 1 and 8,
-#                                               the 8B heads and Qwen3-32B's (written in the thirty-eighth session,
-#                                               not run)
+#                                               the 8B heads and Qwen3-32B's (149 s on a warm H100, thirty-ninth
+#                                               session: no split count won; 64-key tiles at batch 1 did)
 #     OUT=$OUT bash benchmarks/issue7.sh ropewide  the RoPE token launch at 32 rows on WIDE's 4-warp configs
 #                                               (decode_attention.ROPE_WIDE_ROWS = 32) against TABLE's: Llama-3.1-8B
 #                                               8-token steps (4 heads x 8 tokens), 16 layers, batch 1 / 8 / 32; then

@@ -63,14 +63,16 @@ class AttentionConfig:
 
 
 DEFAULT = AttentionConfig()
-# (largest batch x kv heads, config), by measurement: ``benchmarks/attention_decode.py --sweep`` on the H200
-# (2026-12-03, Qwen3-8B / Llama-3.1-8B heads, 4 rows per kv head, 576 cache slots, 512 visible; docs/benchmarks.md,
-# "Decode attention in one launch"). Up to 64 pairs (batch 8) 128-key tiles on 8 warps, a split per 128 keys while
-# the kv heads alone leave SMs idle; at 256 (batch 32) 64-key tiles, at 512 (batch 64) 32-key tiles, on 4 warps
-# with 3 stages (more loads in flight per program once every SM has its kv heads), one program per kv head. The
-# sizes between the measured ones take the next measured row.
+# (largest batch x kv heads, config), by measurement: ``benchmarks/attention_decode.py --sweep`` (H200, 2026-12-03,
+# Qwen3-8B / Llama-3.1-8B heads, 4 rows per kv head, 512 of 576 slots; docs/benchmarks.md, "Decode attention in one
+# launch"): to 64 pairs (batch 8) 128-key tiles on 8 warps, a split per 128 keys while the kv heads leave SMs idle;
+# at 256 / 512 pairs 64- / 32-key tiles on 4 warps, 3 stages, one program per kv head; sizes between take the next
+# row. At 8 pairs (batch 1), since the merge loads its splits together, 64-key tiles: 9 splits, not 5 (H100 RoPE
+# launch, ``issue7.sh fewer``: Llama / Qwen3 / Qwen3-32B 5.58 / 6.29 / 6.41 us against 6.01 / 6.81 / 6.74 us).
+_TILES_128 = AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1)
 TABLE: tuple[tuple[int, AttentionConfig], ...] = (
-    (64, AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1)),
+    (8, AttentionConfig(block_t=64, num_warps=8, num_stages=2, programs=1)),
+    (64, _TILES_128),
     (256, AttentionConfig(block_t=64, num_warps=4, num_stages=3, programs=1)),
     (1 << 62, AttentionConfig(block_t=32, num_warps=4, num_stages=3, programs=1)),
 )
@@ -84,7 +86,7 @@ TABLE: tuple[tuple[int, AttentionConfig], ...] = (
 # 32-key tiles 32.71 against 37.04). Where a row of TABLE was within 3% of the sweep's best it stays.
 WIDE: tuple[tuple[int, tuple[tuple[int, AttentionConfig], ...]], ...] = (
     (16, TABLE),
-    (32, ((8, TABLE[0][1]), (64, AttentionConfig(block_t=128, num_warps=4, num_stages=2, programs=1)), *TABLE[1:])),
+    (32, ((8, _TILES_128), (64, AttentionConfig(block_t=128, num_warps=4, num_stages=2, programs=1)), *TABLE[2:])),
     (64, ((8, AttentionConfig(block_t=128, num_warps=4, num_stages=2, programs=4)),
           (64, AttentionConfig(block_t=128, num_warps=4, num_stages=3, programs=0)),
           (1 << 62, AttentionConfig(block_t=32, num_warps=4, num_stages=3, programs=1)))),
@@ -98,17 +100,16 @@ def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
 
 
 MAX_SPLITS = 16  # the merge unrolls over the splits
-# The upto forms' splits: True deals the key tiles out in turn (split j takes tiles j, j + SPLITS, ... up to the
-# last key any row sees), False gives each split a run of the cache's T slots, as the mask form must; runs leave
-# the splits past ``last`` idle. H100 (``issue7.sh visible``; docs/benchmarks.md, "Inside the attention launch"):
-# 501 of 4096 slots 11.3 -> 10.0 us at batch 1, 15.1 -> 10.4 at 8, equal at 32 / 64 and at 501 of 576 slots.
-# Where each split's run is one tile the two are the same, bit for bit.
+# The upto forms' splits: True deals the key tiles out in turn (split j takes tiles j, j + SPLITS, ... to the last
+# key any row sees; a run of one tile each is the same bits), False gives each split a run of the T slots, as the
+# mask form must, idle past ``last``. H100 (``issue7.sh visible``; docs/benchmarks.md, "Inside the attention
+# launch"): 501 of 4096 slots 11.3 -> 10.0 us at batch 1, 15.1 -> 10.4 at 8, equal at 32 / 64 and 501 of 576 slots.
 SPLIT_VISIBLE = True
 # Key tiles per RoPE launch's program prefetched into L2 (``_prefetch``, NVIDIA) once the prologue's loads are
 # issued, so the cache streams from HBM during the prologue's math, stores and barrier (~1 us of a program, Qwen3's
 # norms ~2.4: ``benchmarks/attention_timeline.py``). One tile: later ones come through the loop's pipeline, and a
-# whole run would evict itself from L2 at batch 64. 0: off until timed (``issue7.sh prefetch``). Bits unchanged.
-PREFETCH_TILES = 0
+# whole run would evict itself from L2 at batch 64. Bits unchanged. Off: the prologue's own loads wait behind it.
+PREFETCH_TILES = 0  # timed: 1 lost (Llama b8 1.088x against 1.097x; docs/benchmarks.md, "The merge's loads ...")
 ROPE_WIDE_ROWS = 0  # RoPE launches of <= this many rows take WIDE's configs (untimed; 32 rows spill on neither)
 
 
