@@ -48,8 +48,23 @@ def category(name: str) -> str:
     return "other"
 
 
-def profile(graph, steps: int) -> tuple[dict, int]:
-    """{kernel name: (us per step, launches per step)} over ``steps`` replays, and the kernel events seen."""
+def step_sequence(events: list[tuple[str, float, float]], steps: int) -> list[tuple[str, float]] | None:
+    """The step's launches in order, each with its mean us over ``steps`` replays, from (name, start, us) kernel
+    events: the only way to tell one GEMM of a layer from another, as CUPTI names a kernel but not its shapes.
+    None where the replays' orders differ (concurrent launches), so that no position stands for two launches."""
+    events = sorted(events, key=lambda e: e[1])
+    if not events or len(events) % steps:
+        return None
+    n = len(events) // steps
+    names = [e[0] for e in events[:n]]
+    if any([e[0] for e in events[r * n:(r + 1) * n]] != names for r in range(1, steps)):
+        return None
+    return [(name, sum(events[r * n + i][2] for r in range(steps)) / steps) for i, name in enumerate(names)]
+
+
+def profile(graph, steps: int) -> tuple[dict, int, list | None]:
+    """{kernel name: (us per step, launches per step)} over ``steps`` replays, the kernel events seen, and the
+    step's launches in order (``step_sequence``)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -58,14 +73,22 @@ def profile(graph, steps: int) -> tuple[dict, int]:
             graph.replay()
         torch.cuda.synchronize()
     per: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-    seen = 0
+    events = []
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA or "memcpy" in ev.name.lower():
             continue
-        seen += 1
+        events.append((ev.name, ev.time_range.start, ev.device_time))
         per[ev.name][0] += ev.device_time / steps
         per[ev.name][1] += 1 / steps
-    return {k: (v[0], v[1]) for k, v in per.items()}, seen
+    return {k: (v[0], v[1]) for k, v in per.items()}, len(events), step_sequence(events, steps)
+
+
+def print_sequence(sequence: list[tuple[str, float]] | None) -> None:
+    if sequence is None:
+        print("  (no launch order: the replays ran their kernels in different orders)")
+        return
+    for i, (name, us) in enumerate(sequence):
+        print(f"  {i:4d} {us:8.2f} us  {name[:100]}")
 
 
 def report(label: str, wall_ms: float, kernels: dict, top_n: int = 12) -> dict:
@@ -102,6 +125,8 @@ def main(argv=None) -> int:
     p.add_argument("--without", default="", help="as decode.py --without")
     p.add_argument("--top", type=int, default=12, help="kernels listed per step, the longest first")
     p.add_argument("--inductor", default="", help="as decode.py --inductor")
+    p.add_argument("--sequence", action="store_true", help="also each step's launches in order, each one's mean us "
+                   "(which GEMM of a layer is which: the kernel names alone do not say)")
     args = p.parse_args(argv)
     engine.DECODE_ATTENTION = args.attention
     decode.PASS_CONFIG = decode.pass_config(args.without)
@@ -121,9 +146,11 @@ def main(argv=None) -> int:
                                                                           args.context)
                 graph, _ = capture(runner.step_fn(), runner.args())
                 wall_ms = time_replays(graph, 20)
-                kernels, seen = profile(graph, args.steps)
+                kernels, seen, sequence = profile(graph, args.steps)
                 label = f"{args.preset} x{args.layers} layers, {form}, {variant}, batch {batch}"
                 row = report(label, wall_ms, kernels, args.top) if seen else {"wall": wall_ms * 1e3}
+                if args.sequence and seen:
+                    print_sequence(sequence)
                 summary.append((form, variant, batch, row))
                 del runner, graph
             del model

@@ -36,3 +36,16 @@ def test_other_kernels_keep_their_categories():
     assert profile_step.category("_silu_and_mul_kernel") == "silu(+quant)"
     assert profile_step.category("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT") == "gemm other"
     assert profile_step.category("triton_poi_fused_add_cat_mul_neg_slice_0") == "inductor fused"
+
+
+def test_the_step_sequence_is_each_positions_mean_in_launch_order():
+    import profile_step
+
+    # two replays of a 3-launch step, handed over out of order (the profiler groups events by stream / thread)
+    events = [("b", 12.0, 3.0), ("a", 0.0, 1.0), ("c", 14.0, 5.0), ("a", 10.0, 3.0), ("b", 2.0, 1.0), ("c", 4.0, 7.0)]
+    assert profile_step.step_sequence(events, 2) == [("a", 2.0), ("b", 2.0), ("c", 6.0)]
+    # replays whose orders differ name no launch by position; nor do events that do not split into the replays
+    swapped = [("a", 0.0, 1.0), ("b", 1.0, 1.0), ("b", 10.0, 1.0), ("a", 11.0, 1.0)]
+    assert profile_step.step_sequence(swapped, 2) is None
+    assert profile_step.step_sequence(events[:5], 2) is None
+    assert profile_step.step_sequence([], 2) is None
