@@ -297,11 +297,24 @@ def test_rope_launches_take_wide_rows_up_to_their_bound(monkeypatch, wide, rows,
     # decode_attention.ROPE_WIDE_ROWS: a RoPE token launch of at most that many rows per kv head picks its config
     # from WIDE by its rows, as the plain launches do; above it (and at 0, the default) from TABLE (rows 1)
     monkeypatch.setattr(kernel, "ROPE_WIDE_ROWS", wide)
-    asked, real = [], kernel.config_for
-    monkeypatch.setattr(kernel, "config_for", lambda pairs, r=1: asked.append(r) or real(pairs, r))
+    asked, given, real = [], [], kernel.config_for
+    monkeypatch.setattr(kernel, "config_for", lambda pairs, r=1: asked.append(r) or given.append(real(pairs, r))
+                        or given[-1])  # fmt: skip
     tokens = rows // 4
     args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)
     got = kernel.rope_decode_attention_tokens_quant(*_clone(args), args[8], 0.125, 64)
     assert asked == [want_rows]
-    want = _token_pair(_clone(args), args[8], 0.125, 64, kernel.config_for(2 * 2, want_rows))  # same config
+    want = _token_pair(_clone(args), args[8], 0.125, 64, given[0])  # same config
     assert_quant_close(*got, *want, scale_rel=tolerances.SCALE_REL_TOL, max_flip=0.02, max_steps=1, what="wide")
+
+
+@pytest.mark.parametrize("tokens, want", [(4, "batch-1 row"), (8, "128-key row")])
+def test_rope_launches_above_16_rows_keep_the_128_key_tiles_at_batch_1(monkeypatch, tokens, want):
+    # TABLE's 8-pair row (64-key tiles) was timed at the MMA's 16 rows; a RoPE launch of more rows per kv head at
+    # <= 8 pairs keeps the 128-key row its timings ran on (4 heads x 4 tokens: 16 rows; x 8: 32)
+    given, real = [], kernel.config_for
+    monkeypatch.setattr(kernel, "config_for", lambda pairs, r=1: given.append(real(pairs, r)) or given[-1])
+    args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)  # 2 x 2 = 4 pairs
+    kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
+    assert given == [kernel.TABLE[0][1] if want == "batch-1 row" else kernel.TABLE[1][1]]
+    assert kernel.TABLE[0][1].block_t == 64 and kernel.TABLE[1][1].block_t == 128

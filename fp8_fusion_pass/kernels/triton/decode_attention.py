@@ -78,12 +78,11 @@ TABLE: tuple[tuple[int, AttentionConfig], ...] = (
 )
 
 
-# Above 16 query rows per kv head (a step of several tokens: G heads x S tokens), by the same sweep in the mask form
-# at 32 rows (4 heads x 8 tokens, 8 x 4) and 64 (8 x 8) (H100, 2026-12-06, thirty-third session; docs/benchmarks.md,
-# "64 rows per kv head"): each program's tile is rows x keys, so 4 warps beat 8 from batch 2 to 8
-# (32 rows at batch 8: 13.15 / 12.62 against TABLE's 14.39 / 13.74 us), and at 64 rows the splits' [64, D] fp32
-# partials cost more than the SMs they fill (batch 8: one split per kv head 14.29 against 21.85 us; batch 32:
-# 32-key tiles 32.71 against 37.04). Where a row of TABLE was within 3% of the sweep's best it stays.
+# Above 16 query rows per kv head (G heads x S tokens), by the same sweep in the mask form at 32 rows (4 heads x 8
+# tokens, 8 x 4) and 64 (8 x 8) (H100, 2026-12-06, thirty-third session; docs/benchmarks.md, "64 rows per kv
+# head"): each program's tile is rows x keys, so 4 warps beat 8 from batch 2 to 8 (32 rows at batch 8: 13.15 /
+# 12.62 against TABLE's 14.39 / 13.74 us), and at 64 rows the splits' [64, D] fp32 partials cost more than the SMs
+# they fill (batch 8: a split per kv head 14.29 against 21.85 us; batch 32: 32-key tiles 32.71 against 37.04).
 WIDE: tuple[tuple[int, tuple[tuple[int, AttentionConfig], ...]], ...] = (
     (16, TABLE),
     (32, ((8, _TILES_128), (64, AttentionConfig(block_t=128, num_warps=4, num_stages=2, programs=1)), *TABLE[2:])),
@@ -401,9 +400,8 @@ def _prefetch_bytes(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
     """A cache row's bytes where both caches' rows can be bulk-prefetched (each row contiguous, every row's address
     16-byte aligned, its size a multiple of 16), else 0."""
     row = k_cache.shape[3] * k_cache.element_size()
-    ok = all(c.stride(3) == 1 and all(x % 16 == 0 for x in (c.data_ptr(), *(st * c.element_size() for st in
-                                                                        c.stride()[:3])))
-             for c in (k_cache, v_cache))  # fmt: skip
+    ok = all(c.stride(3) == 1 and not (c.data_ptr() % 16 or any(st * c.element_size() % 16 for st in c.stride()[:3]))
+             for c in (k_cache, v_cache))
     return row if ok and row % 16 == 0 else 0  # (one dtype for both caches: the op checks it)
 
 
@@ -565,8 +563,10 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         outputs = (out, (*out.stride()[:3], 0, out.stride(3)), scales, (*scales.stride()[:3], 0))
     out, out_strides, scales, scale_strides = outputs
     pairs = b * hkv
-    # RoPE launches above ROPE_WIDE_ROWS rows keep TABLE's rows (8 warps at 9-64 pairs), those their timings ran on
-    cfg = cfg or config_for(pairs, r if rope is None or r <= ROPE_WIDE_ROWS else 1)
+    # RoPE launches above ROPE_WIDE_ROWS rows keep the rows their timings ran on: TABLE's (8 warps at 9-64 pairs),
+    # and at <= 8 pairs above 16 rows its 128-key row (the 64-key one was timed at the MMA's 16 rows only)
+    on_table = rope is not None and r > ROPE_WIDE_ROWS
+    cfg = cfg or (config_for(max(pairs, TABLE[0][0] + 1) if r > 16 else pairs) if on_table else config_for(pairs, r))
     if out.numel() == 0:
         return (out, scales) if quant or both else out
     block_r = max(16, triton.next_power_of_2(r))  # the MMA's rows
