@@ -73,6 +73,9 @@
 #                                               Qwen3-8B's with its norms in the launch at 32 rows on WIDE's configs
 #                                               against the pass minus rope_attention (written in the thirty-eighth
 #                                               session, not run)
+#     OUT=$OUT bash benchmarks/issue7.sh sequence  every launch of a 4-layer step in order, with and without the
+#                                               pass (profile_step.py --sequence): Qwen3-32B batch 1 and Llama-3.1-8B
+#                                               batch 8, the H100's cells below 1.10x, launch by launch (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -187,8 +190,13 @@ case "${1:-}" in
               "${decode[@]}" --presets qwen3-8b --forms engine --batches 1,8,32 --tokens 8 --layers 16 --interleave 2 \
                   --also=-rope_attention --set patterns.rope_attention.MAX_NORM_TOKEN_ROWS=32,kernels.triton.decode_attention.ROPE_WIDE_ROWS=32 \
                   --json "$out/ropewide_qwen3.json" ;;
+    sequence) for run in "qwen3-32b 1" "llama3.1-8b 8"; do
+                  python benchmarks/profile_step.py --preset ${run% *} --forms engine --layers 4 --batches ${run#* } \
+                      --variants block,block+pass --sequence > "$out/sequence_${run% *}.txt" 2>&1 || exit $?
+                  grep -A12 "^summary" "$out/sequence_${run% *}.txt"
+              done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|sequence|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
