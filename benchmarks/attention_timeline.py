@@ -9,9 +9,13 @@ rate, with 0.3 eligible warps a scheduler, but not which stretch of a program is
 RoPE prologue's stores and barrier, after its key loop's partial is stored, after its merge ticket, after the merge,
 at exit; ``%globaltimer`` at entry and exit; the SM it ran on), runs that copy's launch, and prints per phase the
 median and the slowest program's cycles, with each program's key tiles, and the spread of the programs' start
-times. The shipped kernel is not touched; the copy's marks cost a few stores a program, so its times are a bit
-above the kernel's. Each launch follows a read of 128 MiB (the L2 flushed, as in a step, where every layer's cache
-comes from HBM) unless ``--hot``; a read, so the lines it leaves are clean. NVIDIA only (inline PTX).
+times. Inside the one-token RoPE prologue two more marks split it: once its loads have landed (q's partner columns,
+the new k / v rows) and once its norm / RoPE math is done (the roped q and k), each the latest thread's clock, read
+after a test of the value it waits for (in order issue: the sm_90 SASS has each read after its test) and reduced
+over the program (a barrier each, so the prologue reads a little longer with them). The shipped kernel is not
+touched; the copy's marks cost a few stores a program, so its times are a bit above the kernel's. Each launch
+follows a read of 128 MiB (the L2 flushed, as in a step, where every layer's cache comes from HBM) unless
+``--hot``; a read, so the lines it leaves are clean. NVIDIA only (inline PTX).
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from rope_attention import inputs  # noqa: E402
 
 from fp8_fusion_pass.kernels.triton import decode_attention  # noqa: E402
 
-SLOTS = 10  # per program: clocks at entry, prologue, loop, ticket, merge, exit; globaltimer entry / exit; SM; won
+# per program: clocks at entry, prologue, loop, ticket, merge, exit; globaltimer entry / exit; SM; won; then inside
+# the one-token RoPE prologue, clocks once its loads have landed and once its norm / RoPE math is done
+SLOTS = 12
 PHASES = ("prologue", "key loop", "ticket", "merge")
+PROLOGUE = ("prologue: loads land", "prologue: norm / RoPE math", "prologue: k / v stores, barrier")
 
 MARKS = '''
 @triton.jit
@@ -52,6 +59,21 @@ def _smid():
     return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
+@triton.jit
+def _clock_after(x):
+    # %clock64 in each thread once its x is there: the read comes after a test of x (an unused asm input would not
+    # hold it back; ptxas makes the predicated moves a read and a select, issued in order after the test); no
+    # value here has the tested bits
+    return tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.u32 p, $1, 0x7fc00001; @p mov.u64 $0, %clock64; "
+                                     "@!p mov.u64 $0, 0; }", "=l,r", [x], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _landed(x):
+    """The clock (of the latest thread) once every element of the fp32 ``x`` is computed or loaded."""
+    return tl.max(tl.reshape(_clock_after(x.to(tl.int32, bitcast=True)), [x.numel]), 0)
+
+
 TRACE = [None]
 '''
 
@@ -59,7 +81,7 @@ TRACE = [None]
 PATCHES = (
     ("o_ptr, part_ptr, ml_ptr, cnt_ptr, s_ptr,\n", "o_ptr, part_ptr, ml_ptr, cnt_ptr, s_ptr, trace_ptr,\n"),
     ("    split = tl.program_id(1)\n",
-     "    split = tl.program_id(1)\n    _tr = trace_ptr + (pair * SPLITS + split) * 10\n"
+     "    split = tl.program_id(1)\n    _tr = trace_ptr + (pair * SPLITS + split) * 12\n"
      "    tl.store(_tr + 6, _gtimer())\n    tl.store(_tr + 0, _clock())\n"
      "    tl.store(_tr + 8, _smid().to(tl.int64))\n"),
     ("            tl.debug_barrier()\n", "            tl.debug_barrier()\n            tl.store(_tr + 1, _clock())\n"),
@@ -73,6 +95,16 @@ PATCHES = (
      "        tl.store(_tr + 5, _clock())\n        tl.store(_tr + 7, _gtimer())\n"),
     ("out if counters is None else counters, scales if quant else out,\n",
      "out if counters is None else counters, scales if quant else out, TRACE[0],\n"),
+    # the one-token RoPE prologue: its loads landed (the new k / v rows and q's partner columns, the last it loads),
+    # then its math done (the roped q and k)
+    ("            slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)\n",
+     "            slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)\n"
+     "            tl.store(_tr + 10, tl.maximum(_landed(to_fp32(k_xp, EMULATE_CAST) + to_fp32(v_new, EMULATE_CAST)),"
+     " _landed(to_fp32(q_p, EMULATE_CAST))))\n"),
+    ("                           NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip\n",
+     "                           NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip\n"
+     "            tl.store(_tr + 11, tl.maximum(_landed(to_fp32(k_new, EMULATE_CAST)),"
+     " _landed(to_fp32(q, EMULATE_CAST))))\n"),
 )
 
 
@@ -109,7 +141,13 @@ def summarize(traces: list[torch.Tensor], tiles: list[int]) -> list[list]:
     by_tiles: dict[int, list[float]] = {}
     for tr in traces:
         tr = tr.double()
-        c, g = tr[:, :6], tr[:, 6:8]
+        c, g, inner = tr[:, :6], tr[:, 6:8], tr[:, 10:12]
+        if bool((inner > 0).all()):  # entry -> loads land -> math -> stores and barrier (the prologue's mark)
+            cuts = (c[:, 0], inner[:, 0], inner[:, 1], c[:, 1])
+            for name, (a, b) in zip(PROLOGUE, zip(cuts, cuts[1:])):
+                phase.setdefault(name, ([], []))
+                phase[name][0].append(float((b - a).median()))
+                phase[name][1].append(float((b - a).max()))
         per_launch["start spread ns"].append(float(g[:, 0].max() - g[:, 0].min()))
         per_launch["span ns"].append(float(g[:, 1].max() - g[:, 0].min()))
         per_launch["GHz"].append(float((c[:, 5] - c[:, 0]).sum() / (g[:, 1] - g[:, 0]).sum().clamp(min=1)))
@@ -122,7 +160,7 @@ def summarize(traces: list[torch.Tensor], tiles: list[int]) -> list[list]:
         for n in set(tiles):
             sel = torch.tensor([t == n for t in tiles])
             by_tiles.setdefault(n, []).append(float(loop[sel].median()))
-    for name in PHASES:
+    for name in (*PHASES[:1], *(n for n in PROLOGUE if n in phase), *PHASES[1:]):
         rows.append([name, f"{statistics.median(phase[name][0]):.0f}", f"{statistics.median(phase[name][1]):.0f}"])
     for n, v in sorted(by_tiles.items()):
         rows.append([f"key loop, {n} tile(s)", f"{statistics.median(v):.0f}", ""])

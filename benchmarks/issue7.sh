@@ -75,7 +75,9 @@
 #                                               session, not run)
 #     OUT=$OUT bash benchmarks/issue7.sh sequence  every launch of a 4-layer step in order, with and without the
 #                                               pass (profile_step.py --sequence): Qwen3-32B batch 1 and Llama-3.1-8B
-#                                               batch 8, the H100's cells below 1.10x, launch by launch (not run)
+#                                               batch 8, the H100's cells below 1.10x, launch by launch; then the
+#                                               attention launch's phases with its RoPE prologue split in three
+#                                               (attention_timeline.py; Qwen3's is ~1400 cycles longer) (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -194,7 +196,9 @@ case "${1:-}" in
                   python benchmarks/profile_step.py --preset ${run% *} --forms engine --layers 4 --batches ${run#* } \
                       --variants block,block+pass --sequence > "$out/sequence_${run% *}.txt" 2>&1 || exit $?
                   grep -A12 "^summary" "$out/sequence_${run% *}.txt"
-              done ;;
+              done
+              python benchmarks/attention_timeline.py --batches 8,1 --models llama,qwen3 > "$out/timeline.txt" 2>&1 \
+                  && grep -E "^batch|^prologue|^key loop |^ticket|^merge|^span" "$out/timeline.txt" ;;
     targets) ;;
     *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|sequence|targets" >&2; exit 2 ;;
 esac
