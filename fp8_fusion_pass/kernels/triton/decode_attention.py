@@ -107,7 +107,7 @@ SPLIT_VISIBLE = True
 # Key tiles per RoPE launch's program prefetched into L2 (``_prefetch``, NVIDIA) once the prologue's loads are
 # issued, so the cache streams from HBM during the prologue's math, stores and barrier (~1 us of a program, Qwen3's
 # norms ~2.4: ``benchmarks/attention_timeline.py``). One tile: later ones come through the loop's pipeline, and a
-# whole run would evict itself from L2 at batch 64. Bits unchanged. Off: the prologue's own loads wait behind it.
+# whole run would evict itself from L2 at batch 64. Bits unchanged. Off: +3400 prologue cycles, -700 in the loop.
 PREFETCH_TILES = 0  # timed: 1 lost (Llama b8 1.088x against 1.097x; docs/benchmarks.md, "The merge's loads ...")
 ROPE_WIDE_ROWS = 0  # RoPE launches of <= this many rows take WIDE's configs (untimed; 32 rows spill on neither)
 
