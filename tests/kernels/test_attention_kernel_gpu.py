@@ -157,8 +157,7 @@ def _same_key_tiles(device: torch.device, pairs: int, rows: int, t: int) -> bool
     can sum a tile's rows in another order (H100, 2026-12-07: at batch 8, 32 rows, Llama's bf16 output was the token
     form's bits on TABLE's 8 warps, not on WIDE's 4, with the same tiles and splits; relative L2 <= 8.4e-6)."""
     sms = kernel._sm_count(device)
-    # the RoPE launch's rule (``_launch``): TABLE's rows, at <= 8 pairs above 16 rows TABLE's 128-key row
-    plain, rope = kernel.config_for(pairs, rows), kernel.config_for(max(pairs, 9) if rows > 16 else pairs)
+    plain, rope = (kernel.launch_config(pairs, rows, r, kernel.ROPE_WIDE_ROWS) for r in (False, True))
 
     def walk(cfg):
         return cfg.block_t, cfg.num_warps, kernel.plan(pairs, t, sms, cfg)

@@ -21,8 +21,8 @@ from elementwise_checks import _assert_quant_close as assert_quant_close
 import fp8_fusion_pass.kernels.ops  # noqa: F401
 from fp8_fusion_pass.kernels import backends, reference_backend
 from fp8_fusion_pass.kernels import reference as ref
+from fp8_fusion_pass.kernels.triton import attention_configs, rms_norm_rope
 from fp8_fusion_pass.kernels.triton import decode_attention as kernel
-from fp8_fusion_pass.kernels.triton import rms_norm_rope
 
 pytestmark = KERNEL_TEST_MARKS
 OP = torch.ops.fp8_fusion.rope_decode_attention
@@ -284,8 +284,8 @@ def test_the_rope_prologue_takes_the_one_token_configs(monkeypatch):
     from attention_cases import token_inputs
 
     asked = []
-    real = kernel.config_for
-    monkeypatch.setattr(kernel, "config_for", lambda pairs, rows=1: asked.append(rows) or real(pairs, rows))
+    real = attention_configs.config_for
+    monkeypatch.setattr(attention_configs, "config_for", lambda pairs, rows=1: asked.append(rows) or real(pairs, rows))
     args = rope_token_inputs(2, 8, 1, 4, 40, 64, norm=True, seed=1)  # 8 heads x 4 tokens: 32 rows per kv head
     kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
     kernel.decode_attention_tokens_quant(*token_inputs(2, 1, 8, 4, 40, 64)[:4], 0.125, 64)
@@ -297,9 +297,9 @@ def test_rope_launches_take_wide_rows_up_to_their_bound(monkeypatch, wide, rows,
     # decode_attention.ROPE_WIDE_ROWS: a RoPE token launch of at most that many rows per kv head picks its config
     # from WIDE by its rows, as the plain launches do; above it (and at 0, the default) from TABLE (rows 1)
     monkeypatch.setattr(kernel, "ROPE_WIDE_ROWS", wide)
-    asked, given, real = [], [], kernel.config_for
-    monkeypatch.setattr(kernel, "config_for", lambda pairs, r=1: asked.append(r) or given.append(real(pairs, r))
-                        or given[-1])  # fmt: skip
+    asked, given, real = [], [], attention_configs.config_for
+    monkeypatch.setattr(attention_configs, "config_for",
+                        lambda pairs, r=1: asked.append(r) or given.append(real(pairs, r)) or given[-1])
     tokens = rows // 4
     args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)
     got = kernel.rope_decode_attention_tokens_quant(*_clone(args), args[8], 0.125, 64)
@@ -312,8 +312,8 @@ def test_rope_launches_take_wide_rows_up_to_their_bound(monkeypatch, wide, rows,
 def test_rope_launches_above_16_rows_keep_the_128_key_tiles_at_batch_1(monkeypatch, tokens, want):
     # TABLE's 8-pair row (64-key tiles) was timed at the MMA's 16 rows; a RoPE launch of more rows per kv head at
     # <= 8 pairs keeps the 128-key row its timings ran on (4 heads x 4 tokens: 16 rows; x 8: 32)
-    given, real = [], kernel.config_for
-    monkeypatch.setattr(kernel, "config_for", lambda pairs, r=1: given.append(real(pairs, r)) or given[-1])
+    given, real = [], attention_configs.config_for
+    monkeypatch.setattr(attention_configs, "config_for", lambda pairs, r=1: given.append(real(pairs, r)) or given[-1])
     args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)  # 2 x 2 = 4 pairs
     kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
     assert given == [kernel.TABLE[0][1] if want == "batch-1 row" else kernel.TABLE[1][1]]
