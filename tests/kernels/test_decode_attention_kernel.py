@@ -59,6 +59,23 @@ def test_rows_pick_their_table():
     assert kernel.config_for(64, 33).programs == 0  # 64 rows at batch 8: one split per kv head, no merge
 
 
+@pytest.mark.parametrize("pairs, rows, rope, wide, want", [
+    (8, 4, False, 0, "batch-1"), (8, 4, True, 0, "batch-1"),  # one token: TABLE's 64-key row, RoPE or not
+    (8, 16, True, 0, "batch-1"),  # 16 rows: the MMA's tile of the one-token launch, its row too
+    (8, 32, True, 0, "128-key"),  # above 16 RoPE rows keep the 128-key row their timings ran on
+    (8, 64, True, 0, "128-key"),
+    (8, 64, False, 0, "wide"),  # without RoPE, WIDE's rows by rows (at 64 rows: 4 warps, unlike TABLE's)
+    (8, 64, True, 64, "wide"),  # ROPE_WIDE_ROWS: the RoPE launch takes WIDE's rows too
+    (64, 32, True, 0, "128-key"),  # 9-64 pairs: TABLE's 128-key row whatever the rows
+])
+def test_a_launch_takes_its_config_by_pairs_rows_and_rope(pairs, rows, rope, wide, want):
+    got = kernel.launch_config(pairs, rows, rope, wide)
+    expected = {"batch-1": kernel.TABLE[0][1], "128-key": kernel.TABLE[1][1],
+                "wide": kernel.config_for(pairs, rows)}[want]  # fmt: skip
+    assert got == expected and (want != "batch-1" or got.block_t == 64) and (want != "128-key" or got.block_t == 128)
+    assert want != "wide" or got != kernel.TABLE[1][1]  # the cases tell WIDE's rows from TABLE's
+
+
 def test_split_plan_covers_every_key():
     for pairs, t in [(1, 576), (8, 576), (64, 576), (512, 576), (8, 33), (2, 64 * 70)]:
         splits, per = kernel.plan(pairs, t, 132)
