@@ -78,6 +78,9 @@
 #                                               batch 8, the H100's cells below 1.10x, launch by launch; then the
 #                                               attention launch's phases with its RoPE prologue split in three
 #                                               (attention_timeline.py; Qwen3's is ~1400 cycles longer) (not run)
+#     OUT=$OUT bash benchmarks/issue7.sh cold    the RoPE launch's configs swept with the caches out of L2, as in a
+#                                               step (rope_attention.py --sweep --cold; the earlier sweeps read
+#                                               them hot): batch 1 and 8, the 8B heads and Qwen3-32B's (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -199,8 +202,12 @@ case "${1:-}" in
               done
               python benchmarks/attention_timeline.py --batches 8,1 --models llama,qwen3 > "$out/timeline.txt" 2>&1 \
                   && grep -E "^batch|^prologue|^key loop |^ticket|^merge|^span" "$out/timeline.txt" ;;
+    cold) python benchmarks/rope_attention.py --sweep --cold --programs 0,1,2,s2,s3,s4 --batches 1,8 \
+              --models llama,qwen3 > "$out/cold_8b.txt" 2>&1 && tail -6 "$out/cold_8b.txt" \
+          && python benchmarks/rope_attention.py --sweep --cold --programs 0,1,2,s2,s3,s4 --heads 64,8 --batches 1,8 \
+                 --models qwen3 > "$out/cold_32b.txt" 2>&1 && tail -4 "$out/cold_32b.txt" ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|sequence|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|sequence|cold|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

@@ -11,6 +11,11 @@ replay writes the same slots with the same values), medians of ``decode.time_rep
 against the pair's (the caches' bits, the output's relative L2). ``--heads`` / ``--models`` pick the heads and
 the models here too (default 8B heads, both models).
 
+``--cold`` (with ``--sweep``): each call of a replay reads its own copy of the caches, enough copies that one is
+out of L2 again before its next call, as in a decode step, where every layer's weights pass through L2 between two
+reads of its cache. Without it the sweep's 20 calls read one cache that L2 holds (up to batch 8 at 8B heads), so its
+figures are hot-cache figures: the thirty-ninth session found the batch-1 row's 7% (hot) worth 0.03-0.1% of a step.
+
 ``--once N`` launches the fused op N times and times nothing, for a profiler (``benchmarks/attention_ncu.sh``).
 
 ``--sweep`` times the fused op alone at every ``AttentionConfig`` of ``attention_decode.SWEEP`` (20 calls per CUDA
@@ -92,10 +97,25 @@ def _kind(cfg) -> int | str:
     return f"s{cfg.splits}" if cfg.splits else cfg.programs
 
 
-def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, programs=None) -> None:
+def cold_caches(kc: torch.Tensor, vc: torch.Tensor, l2_bytes: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the (k, v) caches to rotate through, so many that the ones read since a copy's last read hold more
+    than twice ``l2_bytes``: each read comes from HBM, whatever L2's replacement policy kept."""
+    each = (kc.numel() * kc.element_size() + vc.numel() * vc.element_size()) or 1
+    copies = max(2, -(-2 * l2_bytes // each) + 1)
+    return [(kc.clone(), vc.clone()) for _ in range(copies)]
+
+
+def _l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(0) if decode.DEVICE == "cuda" else None
+    return getattr(props, "L2_cache_size", 0) or 50 << 20  # the H100's 50 MiB where torch does not say
+
+
+def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, programs=None,
+          cold: bool = False) -> None:
     """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first.
     ``tokens`` above 1: ``rope_decode_attention_tokens_quant`` at heads / kv heads x tokens rows per kv head;
-    ``programs``: only the configs of those programs per SM (or "sN": of N splits), and TABLE's."""
+    ``programs``: only the configs of those programs per SM (or "sN": of N splits), and TABLE's; ``cold``: each
+    call on a cache copy out of L2 (``cold_caches``)."""
     from attention_decode import SWEEP
     from tabulate import tabulate
 
@@ -110,20 +130,23 @@ def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, p
         for model in models:
             args = inputs(batch, model == "qwen3", max_seq, context, hq, hk, tokens=tokens)
             last, scale = args[8] if tokens > 1 else args[8].view(-1), args[0].shape[-1] ** -0.5
-            chosen = kernel.config_for(batch * hk)  # a RoPE launch takes TABLE's rows at any rows (_launch)
+            chosen = kernel.launch_config(batch * hk, hq // hk * tokens, True, kernel.ROPE_WIDE_ROWS)
             configs = [c for c in SWEEP if programs is None or _kind(c) in programs or c == chosen]
+            caches = cold_caches(args[9], args[10], _l2_bytes()) if cold else [(args[9], args[10])]
+            calls = max(reps, len(caches)) if decode.DEVICE == "cuda" else reps  # every copy read once a replay
             times = []
             for cfg in configs:
                 def run(*a, cfg=cfg, last=last, scale=scale):
-                    return [op(*a, last, scale, 128, cfg) for _ in range(reps)]
+                    return [op(*a[:9], *caches[i % len(caches)], last, scale, 128, cfg) for i in range(calls)]
 
                 op(*args, last, scale, 128, cfg)  # eager first: the merge counters
                 graph, _ = capture(run, args)
-                times.append((time_replays(graph, 20) * 1e3 / reps, cfg))
+                times.append((time_replays(graph, 20) * 1e3 / calls, cfg))
             times.sort(key=lambda x: x[0])
             table_us = next((us for us, c in times if c == chosen), float("nan"))
             # TABLE's in the log line too: a call cut short by its time limit never prints the table below
-            log(f"sweep batch {batch} {model} {hq}/{hk} x {tokens}: TABLE's {table_us:.2f}; "
+            log(f"sweep batch {batch} {model} {hq}/{hk} x {tokens}{' (cold caches)' if cold else ''}: TABLE's "
+                f"{table_us:.2f}; "
                 + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
             best.append([batch, model, f"{hq}/{hk}", tokens, f"{times[0][0]:.2f}", str(times[0][1]),
                          f"{table_us:.2f}", f"{times[-1][0]:.2f}"])  # fmt: skip
@@ -139,6 +162,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time the fused op at every attention_decode.SWEEP config")
     p.add_argument("--programs", default="", help="with --sweep: only the configs of these programs per SM (e.g. "
                    "0,1; s2 for the configs of 2 splits), and TABLE's")
+    p.add_argument("--cold", action="store_true", help="with --sweep: each call reads a copy of the caches out of "
+                   "L2, as in a decode step (without it, the caches stay in L2 across the calls)")
     p.add_argument("--heads", default="32,8", help="query heads, kv heads (Qwen3-32B: 64,8)")
     p.add_argument("--models", default="llama,qwen3", help="llama (RoPE alone), qwen3 (q / k norms too)")
     p.add_argument("--tokens", type=int, default=1, help="tokens per step; above 1 (verifying draft tokens) the "
@@ -164,6 +189,8 @@ def main(argv=None) -> int:
         if not programs <= swept or len(programs) != len(words):
             p.error(f"--programs takes programs per SM of SWEEP's configs or sN for N splits {sorted(map(str, swept))}"
                     f", got {a.programs!r}")
+    if a.cold and not a.sweep:
+        p.error("--cold is for --sweep (the pair / fused table reads its caches hot, both sides alike)")
     if a.once and a.sweep:
         p.error("--once launches the fused op at TABLE's config; --sweep times every config: one or the other")
     if a.once:
@@ -178,7 +205,7 @@ def main(argv=None) -> int:
         return 0
     if a.sweep:
         sweep([int(b) for b in a.batches.split(",")], a.models.split(","), heads, a.max_seq, a.context, a.tokens,
-              programs)
+              programs, a.cold)
         return 0
     rows = []
     for batch in (int(b) for b in a.batches.split(",")):

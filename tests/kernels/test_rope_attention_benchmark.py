@@ -149,6 +149,35 @@ def test_sweep_times_each_config(on_cpu, capsys, tokens):
     assert f"x {tokens}: TABLE's {row[-2]}; " in captured.err, captured.err
 
 
+def test_cold_caches_are_copies_enough_to_be_out_of_l2_again():
+    kc, vc = torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
+    each = 2 * kc.numel() * kc.element_size()
+    copies = rope_attention.cold_caches(kc, vc, l2_bytes=10 * each)
+    # read in turn, the others' bytes since a copy's last read: (21 - 1) copies = twice L2
+    assert len(copies) == 21 and (len(copies) - 1) * each >= 2 * 10 * each
+    ptrs = {t.data_ptr() for pair in copies for t in pair} | {kc.data_ptr(), vc.data_ptr()}
+    assert len(ptrs) == 2 * 21 + 2 and all(torch.equal(k, kc) and torch.equal(v, vc) for k, v in copies)
+    assert len(rope_attention.cold_caches(kc, vc, l2_bytes=1)) == 2  # at least two, so no call reads its last cache
+
+
+def test_cold_sweep_reads_a_copy_of_the_caches(on_cpu, monkeypatch, capsys):
+    read, real = [], attention_decode.kernel.rope_decode_attention
+
+    def op(*a, **kw):
+        read.append(a[9].data_ptr())  # the k cache this call reads
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attention_decode.kernel, "rope_decode_attention", op)
+    args = ["--sweep", "--cold", "--heads", "8,2", "--batches", "1", "--models", "llama", "--max-seq", "24",
+            "--context", "20"]  # fmt: skip
+    assert rope_attention.main(args) == 0
+    assert "(cold caches): TABLE's" in capsys.readouterr().err
+    # per config: the eager call on the inputs' cache, then the capture's and the replay's on the copy (on the CPU,
+    # with one call a replay, one copy of the two is read)
+    original, copies = read[0], [p for p in read if p != read[0]]
+    assert read.count(original) == len(attention_decode.SWEEP) and len(set(copies)) == 1 and copies, read
+
+
 def test_sweep_of_some_programs_keeps_those_configs_and_tables(on_cpu, monkeypatch, capsys):
     # --programs 0: the one-split configs and TABLE's (programs 1 at these pairs), not the other programs-1 config
     table = attention_decode.kernel.config_for(2)
@@ -182,7 +211,7 @@ def test_sweep_of_a_split_count_keeps_those_configs(monkeypatch, capsys):
 
 @pytest.mark.parametrize("args", [["--sweep", "--programs", "3"], ["--sweep", "--programs", "0,x"],
                                   ["--sweep", "--programs", "s9"],
-                                  ["--sweep", "--programs", "0,,1"], ["--programs", "0"]])
+                                  ["--sweep", "--programs", "0,,1"], ["--programs", "0"], ["--cold"]])
 def test_sweep_refuses_programs_no_config_has_and_programs_without_a_sweep(on_cpu, args):
     with pytest.raises(SystemExit):
         rope_attention.main([*args, "--batches", "1"])
