@@ -149,15 +149,18 @@ def test_sweep_times_each_config(on_cpu, capsys, tokens):
     assert f"x {tokens}: TABLE's {row[-2]}; " in captured.err, captured.err
 
 
-def test_cold_caches_are_copies_enough_to_be_out_of_l2_again():
+def test_cold_caches_are_copies_past_three_l2s(monkeypatch):
     kc, vc = torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
     each = 2 * kc.numel() * kc.element_size()
-    copies = rope_attention.cold_caches(kc, vc, l2_bytes=10 * each)
-    # read in turn, the others' bytes since a copy's last read: (21 - 1) copies = twice L2
-    assert len(copies) == 21 and (len(copies) - 1) * each >= 2 * 10 * each
+    monkeypatch.setattr(decode, "DEVICE", "cuda")  # only how many copies: these tensors stay on the CPU
+    monkeypatch.setattr(rope_attention, "rotating_copies", lambda n, dry: -(-int(20 * each) // n))  # "3x L2" = 20
+    copies = rope_attention.cold_caches(kc, vc)
+    assert len(copies) == 20 and all(torch.equal(k, kc) and torch.equal(v, vc) for k, v in copies)
     ptrs = {t.data_ptr() for pair in copies for t in pair} | {kc.data_ptr(), vc.data_ptr()}
-    assert len(ptrs) == 2 * 21 + 2 and all(torch.equal(k, kc) and torch.equal(v, vc) for k, v in copies)
-    assert len(rope_attention.cold_caches(kc, vc, l2_bytes=1)) == 2  # at least two, so no call reads its last cache
+    assert len(ptrs) == 2 * 20 + 2  # every copy its own memory
+    monkeypatch.undo()  # the real count: on a dry run (the CPU) two copies, so the rotation still runs
+    monkeypatch.setattr(decode, "DEVICE", "cpu")
+    assert len(rope_attention.cold_caches(kc, vc)) == 2
 
 
 def test_cold_sweep_reads_a_copy_of_the_caches(on_cpu, monkeypatch, capsys):
