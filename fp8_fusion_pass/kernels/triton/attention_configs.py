@@ -22,7 +22,8 @@ DEFAULT = AttentionConfig()
 # launch"): to 64 pairs (batch 8) 128-key tiles on 8 warps, a split per 128 keys while the kv heads leave SMs idle;
 # at 256 / 512 pairs 64- / 32-key tiles on 4 warps, 3 stages, one program per kv head; sizes between take the next
 # row. At 8 pairs (batch 1), since the merge loads its splits together, 64-key tiles: 9 splits, not 5 (H100 RoPE
-# launch, ``issue7.sh fewer``: Llama / Qwen3 / Qwen3-32B 5.58 / 6.29 / 6.41 us against 6.01 / 6.81 / 6.74 us).
+# launch, ``issue7.sh fewer``: Llama / Qwen3 / Qwen3-32B 5.58 / 6.29 / 6.41 us against 6.01 / 6.81 / 6.74 us with
+# the caches hot in L2; the engine's batch-1 steps 0.03-0.1% faster). Every row was swept hot (``--cold`` since).
 _TILES_128 = AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1)
 TABLE: tuple[tuple[int, AttentionConfig], ...] = (
     (8, AttentionConfig(block_t=64, num_warps=8, num_stages=2, programs=1)),
