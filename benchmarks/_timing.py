@@ -25,6 +25,15 @@ def rotating_copies(nbytes: float, dry_run: bool = False, least: int = 2, most: 
     return copies if most is None else min(most, copies)
 
 
+def cache_copies(k_cache: torch.Tensor, v_cache: torch.Tensor, dry_run: bool = False) -> list[tuple[torch.Tensor,
+                                                                                                   torch.Tensor]]:
+    """Copies of an attention's (k, v) caches to rotate through (``rotating_copies`` of their bytes), so each call
+    reads its cache from HBM, as a decode step does, where every layer's weights pass through L2 between two reads
+    of its cache."""
+    each = k_cache.numel() * k_cache.element_size() + v_cache.numel() * v_cache.element_size()
+    return [(k_cache.clone(), v_cache.clone()) for _ in range(rotating_copies(each, dry_run))]
+
+
 def copy_bandwidth(dry_run: bool = False) -> float:
     """Bytes/s of a 2 GiB device-to-device copy (read + write counted): the roofline's denominator."""
     if dry_run:

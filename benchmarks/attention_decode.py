@@ -33,7 +33,10 @@ against the fp32 math reference:
 ``--sweep`` times every ``AttentionConfig`` of ``SWEEP`` on the kernel alone (20 calls per CUDA graph, so the
 graph launch is not counted), per batch, and prints the best: the upto form (``--sweep-mask``: the mask form; with
 ``--heads`` / ``--tokens`` the rows of a step verifying draft tokens, each token's own mask row). Each config's
-output is held to fp32 attention (``CHECK_REL_ERR``): one off it is reported WRONG and never ranked.
+output is held to fp32 attention (``CHECK_REL_ERR``): one off it is reported WRONG and never ranked. ``--cold``:
+each call on its own copy of the caches, together past 3x L2 (``_timing.cache_copies``), as in a decode step;
+without it the calls read one cache that L2 holds up to batch 8 (the thirty-ninth session's finding: a hot sweep's
+winner can be worth little in the step; ``rope_attention.py --sweep --cold`` is the RoPE launch's).
 Roofline: the valid K/V bytes read once over the copy bandwidth.
 """
 
@@ -49,7 +52,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import decode  # noqa: E402
-from _timing import copy_bandwidth  # noqa: E402
+from _timing import cache_copies, copy_bandwidth  # noqa: E402
 from decode import capture, log, time_replays  # noqa: E402
 
 from fp8_fusion_pass.kernels import reference as reference_mod  # noqa: E402
@@ -146,10 +149,12 @@ def compiled(impl: str, scale: float):
     return torch.compile(lambda q, kc, vc, pos, impl=impl: decode_attention(q, kc, vc, pos, scale, impl))
 
 
-def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, tokens: int = 1) -> None:
+def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, tokens: int = 1,
+          cold: bool = False) -> None:
     """Every SWEEP config on the kernel alone, per batch: us per call, the best first. ``mask``: the mask form
     (else the upto form, one token only); ``heads`` / ``tokens``: the query rows per kv head, heads / 8 x tokens,
-    each token's rows seeing the slots up to its own position (a step verifying draft tokens)."""
+    each token's rows seeing the slots up to its own position (a step verifying draft tokens); ``cold``: each call
+    on a copy of the caches out of L2."""
     from tabulate import tabulate
 
     dev = decode.DEVICE
@@ -170,11 +175,14 @@ def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, toke
         call = kernel.decode_attention if mask else kernel.decode_attention_upto
         keep = seen if mask else torch.arange(max_seq, device=dev) <= seen.view(-1, 1, 1, 1)
         want = reference_mod.decode_attention(q.float(), k_cache, v_cache, keep, d**-0.5)  # fp32 throughout
-        reps = 20 if dev == "cuda" else 1  # the interpreter (a test): each config once
+        caches = cache_copies(k_cache, v_cache, dev == "cpu") if cold else [(k_cache, v_cache)]
+        reps = max(20, len(caches)) if dev == "cuda" else 1  # the interpreter (a test): each config once
         times, wrong = [], []
         for cfg in SWEEP:
-            graph, outs = capture(lambda *a, cfg=cfg, call=call: [call(*a, d**-0.5, cfg) for _ in range(reps)],
-                                  (q, k_cache, v_cache, seen))  # fmt: skip
+            def calls(q, _k, _v, seen, cfg=cfg, call=call):  # call i on cache copy i (the same values in each)
+                return [call(q, *caches[i % len(caches)], seen, d**-0.5, cfg) for i in range(reps)]
+
+            graph, outs = capture(calls, (q, k_cache, v_cache, seen))
             us = time_replays(graph, 20) * 1e3 / reps  # first: a captured graph's outputs hold values once replayed
             err = ((outs[0].float() - want).norm() / want.norm()).item()
             if not err <= CHECK_REL_ERR:  # a config wrong at these rows is reported, never ranked
@@ -190,7 +198,8 @@ def sweep(batches, context: int, max_seq: int, mask: bool, heads: int = 32, toke
         splits = [kernel.plan(batch * hkv, max_seq, sms, c)[0] for _, c in times[:3]]
         chosen = kernel.config_for(batch * hkv, r)
         default = next((us for us, c in times if c == chosen), float("nan"))
-        log(f"sweep batch {batch}: " + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
+        log(f"sweep batch {batch}{' (cold caches)' if cold else ''}: "
+            + "; ".join(f"{us:.2f} {c}" for us, c in times[:5]))
         best.append([batch, f"{times[0][0]:.2f}", str(times[0][1]), splits[0], f"{default:.2f}", f"{times[-1][0]:.2f}",
                      len(wrong)])
     print(f"{r} query rows per kv head ({heads} query heads, 8 kv heads, {tokens} token(s)), "
@@ -221,11 +230,14 @@ def main(argv=None) -> int:
                    "Qwen3-32B")
     p.add_argument("--sweep", action="store_true", help="time SWEEP's kernel configs instead (the upto form)")
     p.add_argument("--sweep-mask", action="store_true", help="with --sweep: the mask form")
+    p.add_argument("--cold", action="store_true", help="with --sweep: each call on a copy of the caches out of L2")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
+    if args.cold and not args.sweep:
+        p.error("--cold is for --sweep (the table's impls read their caches alike)")
     if args.sweep:
         sweep([int(b) for b in args.batches.split(",")], args.context, args.max_seq, args.sweep_mask, args.heads,
-              args.tokens)
+              args.tokens, args.cold)
         return 0
     dev = decode.DEVICE  # "cuda"; "cpu" where a test sets it (the table's code end to end, wall-clock times)
     bw = copy_bandwidth(dry_run=dev == "cpu")

@@ -12,7 +12,7 @@ against the pair's (the caches' bits, the output's relative L2). ``--heads`` / `
 the models here too (default 8B heads, both models).
 
 ``--cold`` (with ``--sweep``): each call of a replay reads its own copy of the caches, enough copies that one is
-out of L2 again before its next call (``_timing.rotating_copies``, as the GEMM benchmarks rotate weights), as in a
+out of L2 again before its next call (``_timing.cache_copies``, as the GEMM benchmarks rotate weights), as in a
 decode step, where every layer's weights pass through L2 between two
 reads of its cache. Without it the sweep's 20 calls read one cache that L2 holds (up to batch 8 at 8B heads), so its
 figures are hot-cache figures: the thirty-ninth session found the batch-1 row's 7% (hot) worth 0.03-0.1% of a step.
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import decode  # noqa: E402
-from _timing import rotating_copies  # noqa: E402
+from _timing import cache_copies  # noqa: E402
 from decode import capture, log, time_replays  # noqa: E402
 
 import fp8_fusion_pass.kernels.ops  # noqa: E402, F401
@@ -99,19 +99,12 @@ def _kind(cfg) -> int | str:
     return f"s{cfg.splits}" if cfg.splits else cfg.programs
 
 
-def cold_caches(kc: torch.Tensor, vc: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Copies of the (k, v) caches to rotate through, as the GEMM benchmarks rotate their weights: together past
-    ``_timing.ROTATE_BYTES`` (3x L2), so each read comes from HBM (two on a dry run)."""
-    each = kc.numel() * kc.element_size() + vc.numel() * vc.element_size()
-    return [(kc.clone(), vc.clone()) for _ in range(rotating_copies(each, decode.DEVICE == "cpu"))]
-
-
 def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, programs=None,
           cold: bool = False) -> None:
     """Every SWEEP config on the fused op alone (with the quant), per (batch, model): us per call, the best first.
     ``tokens`` above 1: ``rope_decode_attention_tokens_quant`` at heads / kv heads x tokens rows per kv head;
     ``programs``: only the configs of those programs per SM (or "sN": of N splits), and TABLE's; ``cold``: each
-    call on a cache copy out of L2 (``cold_caches``)."""
+    call on a cache copy out of L2 (``_timing.cache_copies``)."""
     from attention_decode import SWEEP
     from tabulate import tabulate
 
@@ -128,7 +121,7 @@ def sweep(batches, models, heads, max_seq: int, context: int, tokens: int = 1, p
             last, scale = args[8] if tokens > 1 else args[8].view(-1), args[0].shape[-1] ** -0.5
             chosen = kernel.launch_config(batch * hk, hq // hk * tokens, True, kernel.ROPE_WIDE_ROWS)
             configs = [c for c in SWEEP if programs is None or _kind(c) in programs or c == chosen]
-            caches = cold_caches(args[9], args[10]) if cold else [(args[9], args[10])]
+            caches = cache_copies(args[9], args[10], decode.DEVICE == "cpu") if cold else [(args[9], args[10])]
             calls = max(reps, len(caches)) if decode.DEVICE == "cuda" else reps  # every copy read once a replay
             times = []
             for cfg in configs:

@@ -149,18 +149,41 @@ def test_sweep_times_each_config(on_cpu, capsys, tokens):
     assert f"x {tokens}: TABLE's {row[-2]}; " in captured.err, captured.err
 
 
-def test_cold_caches_are_copies_past_three_l2s(monkeypatch):
+def test_cache_copies_are_past_three_l2s(monkeypatch):
+    import _timing
+
     kc, vc = torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
     each = 2 * kc.numel() * kc.element_size()
-    monkeypatch.setattr(decode, "DEVICE", "cuda")  # only how many copies: these tensors stay on the CPU
-    monkeypatch.setattr(rope_attention, "rotating_copies", lambda n, dry: -(-int(20 * each) // n))  # "3x L2" = 20
-    copies = rope_attention.cold_caches(kc, vc)
+    monkeypatch.setattr(_timing, "ROTATE_BYTES", 20 * each)  # "3x L2": twenty of these caches
+    copies = _timing.cache_copies(kc, vc)
     assert len(copies) == 20 and all(torch.equal(k, kc) and torch.equal(v, vc) for k, v in copies)
     ptrs = {t.data_ptr() for pair in copies for t in pair} | {kc.data_ptr(), vc.data_ptr()}
     assert len(ptrs) == 2 * 20 + 2  # every copy its own memory
-    monkeypatch.undo()  # the real count: on a dry run (the CPU) two copies, so the rotation still runs
-    monkeypatch.setattr(decode, "DEVICE", "cpu")
-    assert len(rope_attention.cold_caches(kc, vc)) == 2
+    assert len(_timing.cache_copies(kc, vc, dry_run=True)) == 2  # a dry run rotates through two
+
+
+def test_attention_decode_cold_sweep_reads_copies_and_holds_them_to_fp32(on_cpu, monkeypatch, capsys):
+    read, real = [], attention_decode.kernel.decode_attention_upto
+
+    def upto(q, kc, *a, **kw):
+        read.append(kc.data_ptr())
+        return real(q, kc, *a, **kw)
+
+    made, randn_like = [], torch.randn_like
+
+    def like(t, *a, **kw):  # the sweep makes v_cache "like" its k_cache: that is the k cache it made
+        made.append(t.data_ptr())
+        return randn_like(t, *a, **kw)
+
+    monkeypatch.setattr(attention_decode.kernel, "decode_attention_upto", upto)
+    monkeypatch.setattr(torch, "randn_like", like)
+    args = ["--sweep", "--cold", "--batches", "1", "--heads", "16", "--context", "20", "--max-seq", "32"]
+    assert attention_decode.main(args) == 0
+    err = capsys.readouterr().err
+    assert "sweep batch 1 (cold caches): " in err and "WRONG" not in err, err
+    assert len(set(read)) == 1 and read and made and made[0] not in read, (read, made)  # every call on a copy
+    with pytest.raises(SystemExit):
+        attention_decode.main(["--cold", "--batches", "1"])
 
 
 def test_cold_sweep_reads_a_copy_of_the_caches(on_cpu, monkeypatch, capsys):
