@@ -184,13 +184,22 @@ def main(argv=None) -> int:
                    "commit's, from git show), to compare two versions' phases")
     p.add_argument("--prefetch-tiles", type=int, default=None, help="decode_attention.PREFETCH_TILES for the copy "
                    "(default: the module's)")
+    p.add_argument("--set", default="", help="NAME=int,...: module constants of the copy (e.g. ROPE_REAL_ROWS=1)")
     a = p.parse_args(argv)
+    constants = {}
+    for item in filter(None, a.set.split(",")):
+        name, _, value = item.partition("=")
+        if not name.isupper() or not hasattr(decode_attention, name) or not value.lstrip("-").isdigit():
+            raise SystemExit(f"attention_timeline: --set takes NAME=int of decode_attention's constants, got {item!r}")
+        constants[name] = int(value)
     if not torch.cuda.is_available():
         raise SystemExit("attention_timeline.py needs an NVIDIA GPU (its marks are inline PTX)")
     hq, hk = (int(x) for x in a.heads.split(","))
     traced = traced_module(a.source or None)
     if a.prefetch_tiles is not None and hasattr(traced, "PREFETCH_TILES"):
         traced.PREFETCH_TILES = a.prefetch_tiles
+    for name, value in constants.items():
+        setattr(traced, name, value)
     # read, not written: a write leaves L2 full of dirty lines whose write-backs then share the HBM with the launch's
     # reads (the first timelines did that); a step's L2 holds the previous kernels' weights, clean
     flush = torch.ones(32 << 20, dtype=torch.int32, device="cuda")
@@ -224,7 +233,8 @@ def main(argv=None) -> int:
                 traces.append(traced.TRACE[0].view(-1, SLOTS).cpu())
             print(f"\nbatch {batch} {model} {hq}/{hk}: {batch * hk} pairs x {splits} splits, {cfg}, "
                   f"{visible} of {a.max_seq} keys, {'hot L2' if a.hot else 'L2 flushed'}, PREFETCH_TILES "
-                  f"{getattr(traced, 'PREFETCH_TILES', '-')}{' of ' + a.source if a.source else ''} (cycles; median of "
+                  f"{getattr(traced, 'PREFETCH_TILES', '-')}{' of ' + a.source if a.source else ''}"
+                  f"{' ' + a.set if a.set else ''} (cycles; median of "
                   f"{a.launches} launches)")
             print(tabulate(summarize(traces, tiles), headers=["", "median program", "slowest program"]))
     return 0

@@ -81,6 +81,10 @@
 #     OUT=$OUT bash benchmarks/issue7.sh cold    the RoPE launch's configs swept with the caches out of L2, as in a
 #                                               step (rope_attention.py --sweep --cold; the earlier sweeps read
 #                                               them hot): batch 1 and 8, the 8B heads and Qwen3-32B's (not run)
+#     OUT=$OUT bash benchmarks/issue7.sh realrows  decode_attention.ROPE_REAL_ROWS (q's RoPE / norm math on its real
+#                                               rows, not the MMA's 16; off until timed): its GPU tests, the launch's
+#                                               phases with it off / on, then Llama-3.1-8B batch 8 and Qwen3-32B
+#                                               batch 1 engine steps with it off and on (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -94,6 +98,23 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 out=${OUT:-/tmp/issue7}
 mkdir -p "$out"
 decode=(python benchmarks/decode.py --prefill 0 --no-bf16 --steps 20)
+# decode_attention.NAME at 0 and 1: its GPU tests (-k FILTER), the attention launch's phases, then the H100's two
+# engine cells below the line, Llama-3.1-8B batch 8 and Qwen3-32B batch 1, 2 interleaved rounds each
+ab_constant() {  # NAME FILTER
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py -k "$2" \
+        > "$out/${1}_tests.log" 2>&1; tail -2 "$out/${1}_tests.log"
+    for v in 0 1; do
+        python benchmarks/attention_timeline.py --batches 8,1 --models llama,qwen3 --set "$1=$v" \
+            > "$out/timeline_${1}_$v.txt" 2>&1 || return $?
+        grep -E "^batch|^prologue|^key loop |^merge|^span" "$out/timeline_${1}_$v.txt"
+    done
+    for run in "llama3.1-8b 8" "qwen3-32b 1"; do  # not decode_*.json: the targets table has these cells
+        for v in 0 1; do
+            "${decode[@]}" --presets ${run% *} --forms engine --batches ${run#* } --interleave 2 \
+                --set "kernels.triton.decode_attention.$1=$v" --json "$out/${1}_${run% *}_$v.json" || return $?
+        done
+    done
+}
 case "${1:-}" in
     1) python benchmarks/decode.py --presets llama3.1-8b,qwen3-8b --forms engine --batches 1,8,32,64 --prefill 2048 \
            --steps 30 --json "$out/decode_engine_8b.json" ;;
@@ -169,20 +190,7 @@ case "${1:-}" in
                      --context 500 --max-seq $seq > "$out/visible_$seq.txt" 2>&1 || exit $?
                  tail -10 "$out/visible_$seq.txt"
              done ;;
-    prefetch) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py \
-                  -k "prefetch or visible" > "$out/prefetch_tests.log" 2>&1; tail -2 "$out/prefetch_tests.log"
-              for tiles in 0 1; do
-                  python benchmarks/attention_timeline.py --batches 8,1 --models llama,qwen3 --prefetch-tiles $tiles \
-                      > "$out/timeline_prefetch$tiles.txt" 2>&1 || exit $?
-                  grep -E "^batch|^prologue|^key loop |^merge|^span" "$out/timeline_prefetch$tiles.txt"
-              done
-              for run in "llama3.1-8b 8" "qwen3-32b 1"; do  # not decode_*.json: the targets table has these cells
-                  for tiles in 0 1; do
-                      "${decode[@]}" --presets ${run% *} --forms engine --batches ${run#* } --interleave 2 \
-                          --set kernels.triton.decode_attention.PREFETCH_TILES=$tiles \
-                          --json "$out/prefetch_${run% *}_$tiles.json" || exit $?
-                  done
-              done ;;
+    prefetch) ab_constant PREFETCH_TILES "prefetch or visible" ;;
     fewer) python benchmarks/rope_attention.py --sweep --programs 1,s2,s3,s4 --batches 1,8 --models llama,qwen3 \
                > "$out/fewer_8b.txt" 2>&1 && tail -6 "$out/fewer_8b.txt" \
            && python benchmarks/rope_attention.py --sweep --programs 1,s2,s3,s4 --heads 64,8 --batches 1,8 \
@@ -206,8 +214,9 @@ case "${1:-}" in
               --models llama,qwen3 > "$out/cold_8b.txt" 2>&1 && tail -6 "$out/cold_8b.txt" \
           && python benchmarks/rope_attention.py --sweep --cold --programs 0,1,2,s2,s3,s4 --heads 64,8 --batches 1,8 \
                  --models qwen3 > "$out/cold_32b.txt" 2>&1 && tail -4 "$out/cold_32b.txt" ;;
+    realrows) ab_constant ROPE_REAL_ROWS real_rows ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|sequence|cold|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|sequence|cold|realrows|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

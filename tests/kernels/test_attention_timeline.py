@@ -52,3 +52,9 @@ def test_the_prologue_splits_into_its_three_parts_where_the_inner_marks_ran():
     assert rows["prologue: k / v stores, barrier"] == ["20", "30"] and rows["prologue"] == ["100", "100"]
     tr[:, 10:] = 0  # a launch without them (another source's copy, the token form): no inner rows
     assert not any(r[0].startswith("prologue:") for r in attention_timeline.summarize([tr], [1, 1]))
+
+
+@pytest.mark.parametrize("bad", ["NO_SUCH=1", "ROPE_REAL_ROWS=yes", "config_for=1", "ROPE_REAL_ROWS"])
+def test_set_takes_only_the_modules_int_constants(bad):
+    with pytest.raises(SystemExit, match="--set takes NAME=int"):
+        attention_timeline.main(["--set", bad])

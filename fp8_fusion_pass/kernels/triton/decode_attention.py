@@ -65,6 +65,10 @@ SPLIT_VISIBLE = True
 # whole run would evict itself from L2 at batch 64. Bits unchanged. Off: +3400 prologue cycles, -700 in the loop.
 PREFETCH_TILES = 0  # timed: 1 lost (Llama b8 1.088x against 1.097x; docs/benchmarks.md, "The merge's loads ...")
 ROPE_WIDE_ROWS = 0  # RoPE launches of <= this many rows take WIDE's configs (untimed; 32 rows spill on neither)
+# One-token RoPE launches run q's RoPE / norm math on its real rows (4 or 8), not the MMA's 16, then repeat them
+# into the MMA's tile; bits unchanged. Offline sm_90 SASS (b8): prologue 399 -> 353 instructions (Llama), 640 -> 566
+# (Qwen3); registers 80 -> 104, 107 -> 121, no spill. Off until timed (``issue7.sh realrows``).
+ROPE_REAL_ROWS = 0
 
 
 @triton.jit
@@ -186,6 +190,8 @@ def _decode_attention_kernel(
     VISIBLE: tl.constexpr,  # UPTO: split the visible keys (0..last), not the cache's T slots (``SPLIT_VISIBLE``)
     PREFETCH_BYTES: tl.constexpr,  # ROPE, > 0: a cache row's bytes; the first PREFETCH_TILES key tiles into L2
     PREFETCH_TILES: tl.constexpr,
+    ROPE_ROWS: tl.constexpr,  # ROPE, one token: the rows its RoPE / norm math runs on (R rounded up), < BLOCK_R: the
+    # MMA's tile is those rows repeated (rows past R are masked wherever they would be stored)
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -223,7 +229,13 @@ def _decode_attention_kernel(
             wq_p = to_fp32(tl.load(wq_ptr + partner), EMULATE_CAST)
             wk = to_fp32(tl.load(wk_ptr + cols), EMULATE_CAST)
             wk_p = to_fp32(tl.load(wk_ptr + partner), EMULATE_CAST)
-        q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        if TOKENS == 1 and ROPE_ROWS < BLOCK_R:  # the math on the real rows only (4 of 16 at the 8B heads)
+            few = q_ptr + b * sqb + h * sqh + tl.arange(0, ROPE_ROWS)[:, None] * sqr
+            few_ok = (tl.arange(0, ROPE_ROWS) < R)[:, None]
+            q = tl.load(few + cols[None, :] * sqd, mask=few_ok, other=0.0)
+            q_p = tl.load(few + partner[None, :] * sqd, mask=few_ok, other=0.0)
+        else:
+            q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
         if TOKENS == 1:  # one table row for every q row, one new k / v row, one slot
             c = to_fp32(tl.load(cos_ptr + b * sc_b + cols * sc_d), EMULATE_CAST)
             s_ = to_fp32(tl.load(sin_ptr + b * ss_b + cols * ss_d), EMULATE_CAST)
@@ -237,6 +249,9 @@ def _decode_attention_kernel(
             _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE, SPLITS, BLOCK_T, PREFETCH_BYTES, PREFETCH_TILES)
             q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
                        s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
+            if ROPE_ROWS < BLOCK_R:
+                q = tl.reshape(tl.broadcast_to(q[None, :, :], [BLOCK_R // ROPE_ROWS, ROPE_ROWS, BLOCK_D]),
+                               [BLOCK_R, BLOCK_D])  # fmt: skip
             k_new = _roped(to_fp32(k_x, EMULATE_CAST), to_fp32(k_xp, EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
                            NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
             slot = tl.where(slot < 0, slot + T, slot)
@@ -544,6 +559,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
         BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE, PREFETCH_BYTES=prefetch,
         PREFETCH_TILES=PREFETCH_TILES,
+        ROPE_ROWS=triton.next_power_of_2(r) if rope and tokens[0] == 1 and ROPE_REAL_ROWS else block_r,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
