@@ -278,33 +278,37 @@ def test_plain_tokens_op_runs_the_triton_kernel_and_checks_inputs():
                         many[5], 0.125)  # fmt: skip
 
 
+def _configs_taken(monkeypatch) -> list:
+    """The configs the launches take from here on (``decode_attention._launch`` asks ``launch_config``)."""
+    taken, real = [], kernel.launch_config
+    monkeypatch.setattr(kernel, "launch_config", lambda *a: taken.append(real(*a)) or taken[-1])
+    return taken
+
+
 def test_the_rope_prologue_takes_the_one_token_configs(monkeypatch):
-    # the RoPE prologue spills with WIDE's 4-warp rows (offline sm_90 compile), so a RoPE launch asks config_for for
-    # TABLE's rows whatever its rows; the same rows without RoPE ask for theirs
+    # the RoPE prologue spills with WIDE's 4-warp rows (offline sm_90 compile), so a RoPE launch of 32 rows at 16
+    # pairs takes an 8-warp row; the same rows without RoPE take WIDE's 4-warp one
     from attention_cases import token_inputs
 
-    asked = []
-    real = attention_configs.config_for
-    monkeypatch.setattr(attention_configs, "config_for", lambda pairs, rows=1: asked.append(rows) or real(pairs, rows))
-    args = rope_token_inputs(2, 8, 1, 4, 40, 64, norm=True, seed=1)  # 8 heads x 4 tokens: 32 rows per kv head
+    taken = _configs_taken(monkeypatch)
+    args = rope_token_inputs(16, 8, 1, 4, 40, 64, norm=True, seed=1)  # 8 heads x 4 tokens: 32 rows per kv head
     kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
-    kernel.decode_attention_tokens_quant(*token_inputs(2, 1, 8, 4, 40, 64)[:4], 0.125, 64)
-    assert asked == [1, 32]
+    kernel.decode_attention_tokens_quant(*token_inputs(16, 1, 8, 4, 40, 64)[:4], 0.125, 64)
+    assert taken == [attention_configs.ROPE_TOKENS[0][1], attention_configs.config_for(16, 32)]
+    assert [c.num_warps for c in taken] == [8, 4]
 
 
-@pytest.mark.parametrize("wide, rows, want_rows", [(0, 32, 1), (32, 32, 32), (16, 32, 1), (64, 64, 64)])
-def test_rope_launches_take_wide_rows_up_to_their_bound(monkeypatch, wide, rows, want_rows):
-    # decode_attention.ROPE_WIDE_ROWS: a RoPE token launch of at most that many rows per kv head picks its config
-    # from WIDE by its rows, as the plain launches do; above it (and at 0, the default) from TABLE (rows 1)
+@pytest.mark.parametrize("wide, rows, wide_rows", [(0, 32, False), (32, 32, True), (16, 32, False), (64, 64, True)])
+def test_rope_launches_take_wide_rows_up_to_their_bound(monkeypatch, wide, rows, wide_rows):
+    # decode_attention.ROPE_WIDE_ROWS: a RoPE token launch of at most that many rows per kv head takes WIDE's row
+    # for its rows, as the plain launches do; above it (and at 0, the default) ROPE_TOKENS'
     monkeypatch.setattr(kernel, "ROPE_WIDE_ROWS", wide)
-    asked, given, real = [], [], attention_configs.config_for
-    monkeypatch.setattr(attention_configs, "config_for",
-                        lambda pairs, r=1: asked.append(r) or given.append(real(pairs, r)) or given[-1])
+    taken = _configs_taken(monkeypatch)
     tokens = rows // 4
     args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)
     got = kernel.rope_decode_attention_tokens_quant(*_clone(args), args[8], 0.125, 64)
-    assert asked == [want_rows]
-    want = _token_pair(_clone(args), args[8], 0.125, 64, given[0])  # same config
+    assert taken == [attention_configs.config_for(4, rows) if wide_rows else attention_configs.ROPE_TOKENS[0][1]]
+    want = _token_pair(_clone(args), args[8], 0.125, 64, taken[0])  # same config
     assert_quant_close(*got, *want, scale_rel=tolerances.SCALE_REL_TOL, max_flip=0.02, max_steps=1, what="wide")
 
 
@@ -312,12 +316,10 @@ def test_rope_launches_take_wide_rows_up_to_their_bound(monkeypatch, wide, rows,
 def test_rope_launches_above_16_rows_keep_the_128_key_tiles_at_batch_1(monkeypatch, tokens, want):
     # TABLE's 8-pair row (64-key tiles) was timed at the MMA's 16 rows; a RoPE launch of more rows per kv head at
     # <= 8 pairs keeps the 128-key row its timings ran on (4 heads x 4 tokens: 16 rows; x 8: 32)
-    given, real = [], attention_configs.config_for
-    monkeypatch.setattr(attention_configs, "config_for", lambda pairs, r=1: given.append(real(pairs, r)) or given[-1])
+    taken = _configs_taken(monkeypatch)
     args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)  # 2 x 2 = 4 pairs
     kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
-    assert given == [kernel.TABLE[0][1] if want == "batch-1 row" else kernel.TABLE[1][1]]
-    assert kernel.TABLE[0][1].block_t == 64 and kernel.TABLE[1][1].block_t == 128
+    assert [c.block_t for c in taken] == [64 if want == "batch-1 row" else 128]
 
 
 @pytest.mark.parametrize("cfg", [None, ONE_SPLIT], ids=["splits", "one-split"])

@@ -47,17 +47,24 @@ WIDE: tuple[tuple[int, tuple[tuple[int, AttentionConfig], ...]], ...] = (
 )
 
 
-def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
-    """The measured config for ``pairs`` (batch rows x kv heads) of ``rows`` query rows each."""
-    table = next((t for most, t in WIDE if rows <= most), WIDE[-1][1])
+# RoPE launches above 16 query rows per kv head (a step of several tokens, above ``ROPE_WIDE_ROWS``) keep the 8-warp
+# rows their timings ran on (WIDE's 4-warp rows spilled under the RoPE prologue), and at 8 pairs and fewer the
+# 128-key row: TABLE's 64-key batch-1 row was timed at the MMA's 16 rows only.
+ROPE_TOKENS: tuple[tuple[int, AttentionConfig], ...] = ((64, _TILES_128), *TABLE[2:])
+
+
+def _row(table: tuple[tuple[int, AttentionConfig], ...], pairs: int) -> AttentionConfig:
     return next(cfg for most, cfg in table if pairs <= most)
 
 
+def config_for(pairs: int, rows: int = 1) -> AttentionConfig:
+    """The measured config for ``pairs`` (batch rows x kv heads) of ``rows`` query rows each."""
+    return _row(next((t for most, t in WIDE if rows <= most), WIDE[-1][1]), pairs)
+
+
 def launch_config(pairs: int, rows: int, rope: bool, rope_wide_rows: int) -> AttentionConfig:
-    """The config a launch of ``pairs`` x ``rows`` query rows takes. RoPE launches above ``rope_wide_rows`` rows
-    (``decode_attention.ROPE_WIDE_ROWS``) keep the rows their timings ran on: TABLE's (8 warps at 9-64 pairs; WIDE's
-    4-warp rows spilled under the RoPE prologue), and at 8 pairs and fewer above 16 rows its 128-key row, as TABLE's
-    64-key batch-1 row was timed at the MMA's 16 rows only."""
+    """The config a launch of ``pairs`` x ``rows`` query rows takes: ``config_for``'s, but a RoPE launch above
+    ``rope_wide_rows`` rows (``decode_attention.ROPE_WIDE_ROWS``) takes TABLE's, or ROPE_TOKENS' above 16 rows."""
     if not rope or rows <= rope_wide_rows:
         return config_for(pairs, rows)
-    return config_for(max(pairs, TABLE[0][0] + 1) if rows > 16 else pairs)
+    return _row(TABLE if rows <= 16 else ROPE_TOKENS, pairs)
