@@ -113,13 +113,11 @@ def specialized(named: dict, constexprs: dict) -> tuple[dict, dict, dict]:
 
 def sm90_constexprs(named: dict) -> dict:
     """The kernel's constexpr arguments of the recorded launch, as an sm_90 launch sets them where the CPU's differ:
-    the interpreter's casts, PTX, and with it the L2 prefetch and the RoPE's new k / v (the CPU's launch takes those
+    the interpreter's casts, PTX, and with it the RoPE's new k / v (the CPU's launch takes those
     from registers, as off NVIDIA, where sm_90 stores them and reads them back; until the thirty-eighth session
     this script compiled that other path for every RoPE case)."""
     sm90 = dict(EMULATE_CAST=False, PTX=True)
     sm90["NEW_FROM_REGISTERS"] = named["ROPE"] and kernel.new_from_registers(sm90)
-    if kernel.PREFETCH_TILES > 0 and named["ROPE"]:  # the key tiles' L2 prefetch: the RoPE launches', NVIDIA only
-        sm90["PREFETCH_BYTES"] = kernel._prefetch_bytes(named["k_ptr"], named["v_ptr"])
     params = inspect.signature(kernel._decode_attention_kernel.fn).parameters.values()  # JIT or interpreter's
     constexprs = {p.name: sm90.get(p.name, named[p.name]) for p in params if "constexpr" in str(p.annotation)}
     if constexprs["FNUZ"]:

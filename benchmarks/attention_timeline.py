@@ -182,9 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--hot", action="store_true", help="no L2 flush before each launch")
     p.add_argument("--source", default="", help="trace this copy of decode_attention.py instead (e.g. an earlier "
                    "commit's, from git show), to compare two versions' phases")
-    p.add_argument("--prefetch-tiles", type=int, default=None, help="decode_attention.PREFETCH_TILES for the copy "
-                   "(default: the module's)")
-    p.add_argument("--set", default="", help="NAME=int,...: module constants of the copy (e.g. ROPE_REAL_ROWS=1)")
+    p.add_argument("--set", default="", help="NAME=int,...: module constants of the copy (e.g. SPLIT_VISIBLE=0)")
     a = p.parse_args(argv)
     constants = {}
     for item in filter(None, a.set.split(",")):
@@ -196,8 +194,6 @@ def main(argv=None) -> int:
         raise SystemExit("attention_timeline.py needs an NVIDIA GPU (its marks are inline PTX)")
     hq, hk = (int(x) for x in a.heads.split(","))
     traced = traced_module(a.source or None)
-    if a.prefetch_tiles is not None and hasattr(traced, "PREFETCH_TILES"):
-        traced.PREFETCH_TILES = a.prefetch_tiles
     for name, value in constants.items():
         setattr(traced, name, value)
     # read, not written: a write leaves L2 full of dirty lines whose write-backs then share the HBM with the launch's
@@ -232,8 +228,8 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 traces.append(traced.TRACE[0].view(-1, SLOTS).cpu())
             print(f"\nbatch {batch} {model} {hq}/{hk}: {batch * hk} pairs x {splits} splits, {cfg}, "
-                  f"{visible} of {a.max_seq} keys, {'hot L2' if a.hot else 'L2 flushed'}, PREFETCH_TILES "
-                  f"{getattr(traced, 'PREFETCH_TILES', '-')}{' of ' + a.source if a.source else ''}"
+                  f"{visible} of {a.max_seq} keys, {'hot L2' if a.hot else 'L2 flushed'}"
+                  f"{' of ' + a.source if a.source else ''}"
                   f"{' ' + a.set if a.set else ''} (cycles; median of "
                   f"{a.launches} launches)")
             print(tabulate(summarize(traces, tiles), headers=["", "median program", "slowest program"]))

@@ -58,11 +58,6 @@
 #                                               visible keys; off until timed): its GPU tests, then the upto op with
 #                                               and without it, 501 of 4096 slots in use and 501 of 576, batch 1-64
 #                                               (H100, thirty-eighth session: on since)
-#     OUT=$OUT bash benchmarks/issue7.sh prefetch  decode_attention.PREFETCH_TILES (the RoPE launch's first key tile
-#                                               into L2 during its prologue; off until timed): its GPU tests, the
-#                                               launch's phase clocks with it off / on (attention_timeline.py), then
-#                                               Llama-3.1-8B batch 8 and Qwen3-32B batch 1 engine steps with it off
-#                                               and on (218 s on a warm H100, thirty-ninth session: 1 lost)
 #     OUT=$OUT bash benchmarks/issue7.sh fewer   the RoPE launch at 2-4 splits (AttentionConfig.splits, no TABLE row
 #                                               yet) against the programs-per-SM configs and TABLE's, batch 1 and 8,
 #                                               the 8B heads and Qwen3-32B's (149 s on a warm H100, thirty-ninth
@@ -77,14 +72,12 @@
 #                                               pass (profile_step.py --sequence): Qwen3-32B batch 1 and Llama-3.1-8B
 #                                               batch 8, the H100's cells below 1.10x, launch by launch; then the
 #                                               attention launch's phases with its RoPE prologue split in three
-#                                               (attention_timeline.py; Qwen3's is ~1400 cycles longer) (not run)
+#                                               (attention_timeline.py; Qwen3's is ~1400 cycles longer) (~75 s on
+#                                               a fresh H100, fortieth session)
 #     OUT=$OUT bash benchmarks/issue7.sh cold    the RoPE launch's configs swept with the caches out of L2, as in a
 #                                               step (rope_attention.py --sweep --cold; the earlier sweeps read
-#                                               them hot): batch 1 and 8, the 8B heads and Qwen3-32B's (not run)
-#     OUT=$OUT bash benchmarks/issue7.sh realrows  decode_attention.ROPE_REAL_ROWS (q's RoPE / norm math on its real
-#                                               rows, not the MMA's 16; off until timed): its GPU tests, the launch's
-#                                               phases with it off / on, then Llama-3.1-8B batch 8 and Qwen3-32B
-#                                               batch 1 engine steps with it off and on (not run)
+#                                               them hot): batch 1 and 8, the 8B heads and Qwen3-32B's (196 s,
+#                                               H100, fortieth session)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -98,23 +91,6 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 out=${OUT:-/tmp/issue7}
 mkdir -p "$out"
 decode=(python benchmarks/decode.py --prefill 0 --no-bf16 --steps 20)
-# decode_attention.NAME at 0 and 1: its GPU tests (-k FILTER), the attention launch's phases, then the H100's two
-# engine cells below the line, Llama-3.1-8B batch 8 and Qwen3-32B batch 1, 2 interleaved rounds each
-ab_constant() {  # NAME FILTER
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py -k "$2" \
-        > "$out/${1}_tests.log" 2>&1; tail -2 "$out/${1}_tests.log"
-    for v in 0 1; do
-        python benchmarks/attention_timeline.py --batches 8,1 --models llama,qwen3 --set "$1=$v" \
-            > "$out/timeline_${1}_$v.txt" 2>&1 || return $?
-        grep -E "^batch|^prologue|^key loop |^merge|^span" "$out/timeline_${1}_$v.txt"
-    done
-    for run in "llama3.1-8b 8" "qwen3-32b 1"; do  # not decode_*.json: the targets table has these cells
-        for v in 0 1; do
-            "${decode[@]}" --presets ${run% *} --forms engine --batches ${run#* } --interleave 2 \
-                --set "kernels.triton.decode_attention.$1=$v" --json "$out/${1}_${run% *}_$v.json" || return $?
-        done
-    done
-}
 case "${1:-}" in
     1) python benchmarks/decode.py --presets llama3.1-8b,qwen3-8b --forms engine --batches 1,8,32,64 --prefill 2048 \
            --steps 30 --json "$out/decode_engine_8b.json" ;;
@@ -190,7 +166,6 @@ case "${1:-}" in
                      --context 500 --max-seq $seq > "$out/visible_$seq.txt" 2>&1 || exit $?
                  tail -10 "$out/visible_$seq.txt"
              done ;;
-    prefetch) ab_constant PREFETCH_TILES "prefetch or visible" ;;
     fewer) python benchmarks/rope_attention.py --sweep --programs 1,s2,s3,s4 --batches 1,8 --models llama,qwen3 \
                > "$out/fewer_8b.txt" 2>&1 && tail -6 "$out/fewer_8b.txt" \
            && python benchmarks/rope_attention.py --sweep --programs 1,s2,s3,s4 --heads 64,8 --batches 1,8 \
@@ -214,9 +189,8 @@ case "${1:-}" in
               --models llama,qwen3 > "$out/cold_8b.txt" 2>&1 && tail -6 "$out/cold_8b.txt" \
           && python benchmarks/rope_attention.py --sweep --cold --programs 0,1,2,s2,s3,s4 --heads 64,8 --batches 1,8 \
                  --models qwen3 > "$out/cold_32b.txt" 2>&1 && tail -4 "$out/cold_32b.txt" ;;
-    realrows) ab_constant ROPE_REAL_ROWS real_rows ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|prefetch|fewer|ropewide|sequence|cold|realrows|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

@@ -42,12 +42,11 @@ for p in fn.params:
     else:
         sig[p.name] = "fp32" if p.name in ("scale", "eps") else "i32"
 rope, norm, quant, upto, ptx = (v == "1" for v in sys.argv[1:6])
-tokens, rope_rows = int(sys.argv[6]), int(sys.argv[7])
+tokens = int(sys.argv[6])
 constexprs = dict(D=128, BLOCK_R=16, BLOCK_D=128, BLOCK_T=64, SPLITS=3, UPTO=upto, EMULATE_CAST=False,
                   QUANT=quant, G=128, FP8_MAX=448.0, FP8_MIN_EXP=-6, FNUZ=False, PTX=ptx, ROPE=rope, NORM=norm,
                   NEW_FROM_REGISTERS=rope and not ptx, TOKENS=tokens, BLOCK_NEW=triton.next_power_of_2(tokens),
-                  VISIBLE=upto, PREFETCH_BYTES=256 if ptx else 0, PREFETCH_TILES=1,  # prefetch: NVIDIA only
-                  ROPE_ROWS=rope_rows)
+                  VISIBLE=upto)
 src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -56,29 +55,26 @@ context = libtriton.ir.context()
 libtriton.ir.load_dialects(context)
 backend.load_dialects(context)
 ir = str(src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context))
-print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir, "PREFETCH", "prefetch.L2" in ir)
+print("DOT", "tt.dot" in ir, "MULRN", "mul.rn.f32" in ir)
 """
 
 
-@pytest.mark.parametrize("rope, norm, quant, upto, ptx, tokens, rope_rows", [
-    (False, False, False, False, True, 1, 16), (False, False, True, True, True, 1, 16),
-    (True, False, False, True, True, 1, 16), (True, True, True, True, True, 1, 16),
-    (True, True, True, True, False, 1, 16),  # ROCm's path (no PTX, the select)
-    (True, False, True, True, True, 1, 4), (True, True, True, True, True, 1, 8),  # ROPE_REAL_ROWS: q's math on 4 / 8
-    (True, True, True, True, False, 1, 4),  # rows, repeated into the MMA's 16; and on ROCm's path
-    (False, False, True, True, True, 4, 16),  # decode_attention_tokens_quant: rows as (head, token), a position each
-    (True, True, True, True, True, 4, 16), (True, False, True, True, True, 3, 16),  # rope_decode_attention_tokens_quant
-    (True, True, True, True, False, 4, 16),  # its ROCm path: each token's k / v row picked out of the tile in the loop
-    (True, True, False, True, True, 4, 16),  # rope_decode_attention_tokens: the same without the quant
+@pytest.mark.parametrize("rope, norm, quant, upto, ptx, tokens", [
+    (False, False, False, False, True, 1), (False, False, True, True, True, 1),
+    (True, False, False, True, True, 1), (True, True, True, True, True, 1),
+    (True, True, True, True, False, 1),  # ROCm's path (no PTX, the select)
+    (False, False, True, True, True, 4),  # decode_attention_tokens_quant: rows as (head, token), a position each
+    (True, True, True, True, True, 4), (True, False, True, True, True, 3),  # rope_decode_attention_tokens_quant
+    (True, True, True, True, False, 4),  # its ROCm path: each token's k / v row picked out of the tile in the loop
+    (True, True, False, True, True, 4),  # rope_decode_attention_tokens: the same without the quant
 ])  # fmt: skip
-def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx, tokens, rope_rows):
+def test_every_variant_builds_its_ir(rope, norm, quant, upto, ptx, tokens):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    flags = [str(int(f)) for f in (rope, norm, quant, upto, ptx, tokens, rope_rows)]
+    flags = [str(int(f)) for f in (rope, norm, quant, upto, ptx, tokens)]
     done = subprocess.run([sys.executable, "-c", CHILD, *flags], env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     if done.stdout.startswith("SKIP"):
         pytest.skip(done.stdout[5:].strip())
     assert done.returncode == 0, done.stderr[-3000:]
-    # the MMAs are there; RoPE's products go by mul.rn exactly when the variant has the RoPE prologue on NVIDIA, and
-    # the key tiles' L2 prefetch is there in the RoPE launches on NVIDIA alone
-    assert f"DOT True MULRN {rope and ptx} PREFETCH {rope and ptx}" in done.stdout, done.stdout
+    # the MMAs are there; RoPE's products go by mul.rn exactly when the variant has the RoPE prologue on NVIDIA
+    assert f"DOT True MULRN {rope and ptx}" in done.stdout, done.stdout

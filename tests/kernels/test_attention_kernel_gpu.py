@@ -253,38 +253,3 @@ def test_visible_splits_on_a_long_cache(monkeypatch, norm, b):
     assert torch.equal(vc, vc2) and (kc.float() - kc2.float()).abs().max() <= 2**-7 * kc.float().abs().max()
     assert rel_l2(got[0].float() * got[1], want[0].float() * want[1]) <= 1e-2
     assert torch.equal(replayed[0].view(torch.uint8), got[0].view(torch.uint8)) and torch.equal(replayed[1], got[1])
-
-
-def _same_bits_either_way(monkeypatch, name: str, values, b: int, hq: int, t: int, norm: bool) -> None:
-    """The RoPE launch at 8 kv heads under each of ``values`` of ``decode_attention.<name>``: the same output bits,
-    scales and caches."""
-    from attention_cases import rope_inputs
-
-    positions = [min(t - 1, 500 + 9 * i) for i in range(b)]
-    args = rope_inputs(b, hq, 8, t, 128, positions, norm, "cuda")
-    last = torch.tensor(positions, device="cuda")
-    runs = []
-    for value in values:
-        monkeypatch.setattr(kernel, name, value)
-        a = [x.clone() if isinstance(x, torch.Tensor) else x for x in args]
-        o, s = torch.ops.fp8_fusion.rope_decode_attention(*a, last, 128**-0.5, 128)
-        runs.append((o.view(torch.uint8), s, a[9], a[10]))
-    for first, other in zip(*runs):
-        assert torch.equal(first, other)
-
-
-@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
-@pytest.mark.parametrize("b, hq", [(1, 32), (8, 32), (64, 32), (1, 64), (8, 64)])
-def test_the_real_rows_prologue_changes_no_bit(monkeypatch, norm, b, hq):
-    # decode_attention.ROPE_REAL_ROWS: q's RoPE / norm math on its 4 (8B) or 8 (Qwen3-32B) real rows, then repeated
-    # into the MMA's 16; each row's math and sums are its own, so the bits and caches are those of the 16-row math
-    _same_bits_either_way(monkeypatch, "ROPE_REAL_ROWS", (0, 1), b, hq, 576, norm)
-
-
-@pytest.mark.parametrize("tiles", [1, 2])
-@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
-@pytest.mark.parametrize("b, t", [(1, 576), (8, 576), (8, 4096), (64, 576)])
-def test_the_l2_prefetch_changes_no_bit(monkeypatch, tiles, norm, b, t):
-    # decode_attention.PREFETCH_TILES: a hint to L2, so the RoPE launch (its new slot prefetched and then written,
-    # read back in the loop) gives the same bits and the same caches with it as without
-    _same_bits_either_way(monkeypatch, "PREFETCH_TILES", (0, tiles), b, 32, t, norm)

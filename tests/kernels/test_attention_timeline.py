@@ -54,7 +54,7 @@ def test_the_prologue_splits_into_its_three_parts_where_the_inner_marks_ran():
     assert not any(r[0].startswith("prologue:") for r in attention_timeline.summarize([tr], [1, 1]))
 
 
-@pytest.mark.parametrize("bad", ["NO_SUCH=1", "ROPE_REAL_ROWS=yes", "config_for=1", "ROPE_REAL_ROWS"])
+@pytest.mark.parametrize("bad", ["NO_SUCH=1", "SPLIT_VISIBLE=yes", "config_for=1", "SPLIT_VISIBLE"])
 def test_set_takes_only_the_modules_int_constants(bad):
     with pytest.raises(SystemExit, match="--set takes NAME=int"):
         attention_timeline.main(["--set", bad])

@@ -326,16 +326,3 @@ def test_tokens_without_the_quant_is_the_masked_op_and_the_copy(cfg, b, hkv, g, 
     ok = ~want.isnan()
     assert torch.equal(op.isnan(), want.isnan())
     assert rel_l2(op[ok], ref.decode_attention_tokens(q, k, v, last, scale)[ok]) <= tolerances.ATTENTION_REL_L2
-
-
-def test_the_l2_prefetch_takes_only_rows_it_can_bulk_copy():
-    # cp.async.bulk.prefetch.L2 needs each row contiguous, 16-byte aligned, a multiple of 16 bytes long
-    cache = torch.zeros(2, 8, 64, 128, dtype=torch.bfloat16)
-    assert kernel._prefetch_bytes(cache, cache.clone()) == 256
-    assert kernel._prefetch_bytes(cache, cache.transpose(2, 3).contiguous().transpose(2, 3)) == 0  # rows strided
-    assert kernel._prefetch_bytes(cache[..., :4], cache[..., :4]) == 0  # 8-byte rows
-    every_other = torch.zeros(2, 8, 64, 256, dtype=torch.bfloat16)[..., ::2]  # aligned, a row's values 4 bytes apart
-    assert kernel._prefetch_bytes(every_other, every_other) == 0
-    shifted = torch.zeros(2 * 8 * 64 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 8, 64, 128)  # 2 bytes off
-    assert kernel._prefetch_bytes(cache, shifted) == 0
-    assert kernel._prefetch_bytes(cache[..., :120], cache[..., :120]) == 240  # rows of a wider allocation: their own

@@ -320,22 +320,3 @@ def test_rope_launches_above_16_rows_keep_the_128_key_tiles_at_batch_1(monkeypat
     args = rope_token_inputs(2, 8, 2, tokens, 100, 64, norm=False, seed=1)  # 2 x 2 = 4 pairs
     kernel.rope_decode_attention_tokens_quant(*args, args[8], 0.125, 64)
     assert [c.block_t for c in taken] == [64 if want == "batch-1 row" else 128]
-
-
-@pytest.mark.parametrize("cfg", [None, ONE_SPLIT], ids=["splits", "one-split"])
-@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
-@pytest.mark.parametrize("group", [0, 32])
-@pytest.mark.parametrize("hq, hk", [(8, 2), (16, 2), (6, 2), (2, 2)])  # 4, 8, 3 (rounded up to 4), 1 rows a kv head
-def test_the_real_rows_prologue_changes_no_bit(monkeypatch, cfg, norm, group, hq, hk):
-    # decode_attention.ROPE_REAL_ROWS: q's RoPE / norm math on its real rows, then repeated into the MMA's 16 rows;
-    # each row's sums are its own, so the output, scales and caches are those of the math on all 16, bit for bit
-    args = rope_inputs(2, hq, hk, 70, 64, [69, 12], norm=norm, seed=5)
-    last = args[8].view(-1)
-    got = {}
-    for real in (False, True):
-        monkeypatch.setattr(kernel, "ROPE_REAL_ROWS", real)
-        run_args = _clone(args)
-        o, scales = kernel.rope_decode_attention(*run_args, last, 0.125, group, cfg)
-        got[real] = (o.view(torch.uint8), scales, run_args[9], run_args[10])
-    assert all(torch.equal(a, b) for a, b in zip(got[False], got[True]))
-    assert not torch.equal(got[True][2], args[9])  # the step wrote its slot

@@ -48,7 +48,6 @@ import triton.language as tl
 
 from ... import arch
 from ._fp8 import group_quant_tile, kernel_constexprs, round_to, rounded, to_fp32
-from ._pdl import prefetch_l2
 from ._small_m_kernels import _last_arrival, tile_counters
 from .attention_configs import DEFAULT, TABLE, WIDE, AttentionConfig, config_for, launch_config  # noqa: F401
 
@@ -59,16 +58,7 @@ MAX_SPLITS = 16  # the merge unrolls over the splits
 # mask form must, idle past ``last``. H100 (``issue7.sh visible``; docs/benchmarks.md, "Inside the attention
 # launch"): 501 of 4096 slots 11.3 -> 10.0 us at batch 1, 15.1 -> 10.4 at 8, equal at 32 / 64 and 501 of 576 slots.
 SPLIT_VISIBLE = True
-# Key tiles per RoPE launch's program prefetched into L2 (``_prefetch``, NVIDIA) once the prologue's loads are
-# issued, so the cache streams from HBM during the prologue's math, stores and barrier (~1 us of a program, Qwen3's
-# norms ~2.4: ``benchmarks/attention_timeline.py``). One tile: later ones come through the loop's pipeline, and a
-# whole run would evict itself from L2 at batch 64. Bits unchanged. Off: +3400 prologue cycles, -700 in the loop.
-PREFETCH_TILES = 0  # timed: 1 lost (Llama b8 1.088x against 1.097x; docs/benchmarks.md, "The merge's loads ...")
 ROPE_WIDE_ROWS = 0  # RoPE launches of <= this many rows take WIDE's configs (untimed; 32 rows spill on neither)
-# One-token RoPE launches run q's RoPE / norm math on its real rows (4 or 8), not the MMA's 16, then repeat them
-# into the MMA's tile; bits unchanged. Offline sm_90 SASS (b8): prologue 399 -> 353 instructions (Llama), 640 -> 566
-# (Qwen3); registers 80 -> 104, 107 -> 121, no spill. Off until timed (``issue7.sh realrows``).
-ROPE_REAL_ROWS = 0
 
 
 @triton.jit
@@ -116,20 +106,6 @@ def _owns(slot, lo, per, split, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, VIS
     if VISIBLE:
         return (slot // BLOCK_T) % SPLITS == split
     return (slot >= lo) & (slot < lo + per)
-
-
-@triton.jit
-def _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr,
-              NBYTES: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
-    """With NBYTES (a cache row's bytes) the first TILES key tiles of K and V up to ``hi`` into L2; called after
-    the prologue's loads: none is issued across its asm statements."""
-    if NBYTES > 0:
-        for i in tl.static_range(TILES):
-            first = lo + i * (SPLITS * BLOCK_T if VISIBLE else BLOCK_T)
-            if first < hi:
-                t = tl.minimum(first + tl.arange(0, BLOCK_T), hi - 1)
-                prefetch_l2(k_base + t * skt, tl.full([BLOCK_T], NBYTES, tl.int32))
-                prefetch_l2(v_base + t * svt, tl.full([BLOCK_T], NBYTES, tl.int32))
 
 
 @triton.jit
@@ -188,10 +164,6 @@ def _decode_attention_kernel(
     TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
     BLOCK_NEW: tl.constexpr,  # TOKENS rounded up to a power of two: ROPE's tile of the step's new k / v rows
     VISIBLE: tl.constexpr,  # UPTO: split the visible keys (0..last), not the cache's T slots (``SPLIT_VISIBLE``)
-    PREFETCH_BYTES: tl.constexpr,  # ROPE, > 0: a cache row's bytes; the first PREFETCH_TILES key tiles into L2
-    PREFETCH_TILES: tl.constexpr,
-    ROPE_ROWS: tl.constexpr,  # ROPE, one token: the rows its RoPE / norm math runs on (R rounded up), < BLOCK_R: the
-    # MMA's tile is those rows repeated (rows past R are masked wherever they would be stored)
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -212,7 +184,7 @@ def _decode_attention_kernel(
     else:
         lo = split * keys_per_split
         hi = tl.minimum(lo + keys_per_split, T)
-    # the last key before the prologue: its load overlaps the prologue's, and the prologue's prefetch needs it
+    # the last key before the prologue: its load overlaps the prologue's
     if UPTO and TOKENS == 1:
         last_b = tl.load(keep_ptr + b * smb)
         hi = tl.minimum(hi, (tl.minimum(last_b, T - 1) + 1).to(tl.int32))  # int64 positions: clamped, then narrowed
@@ -229,13 +201,7 @@ def _decode_attention_kernel(
             wq_p = to_fp32(tl.load(wq_ptr + partner), EMULATE_CAST)
             wk = to_fp32(tl.load(wk_ptr + cols), EMULATE_CAST)
             wk_p = to_fp32(tl.load(wk_ptr + partner), EMULATE_CAST)
-        if TOKENS == 1 and ROPE_ROWS < BLOCK_R:  # the math on the real rows only (4 of 16 at the 8B heads)
-            few = q_ptr + b * sqb + h * sqh + tl.arange(0, ROPE_ROWS)[:, None] * sqr
-            few_ok = (tl.arange(0, ROPE_ROWS) < R)[:, None]
-            q = tl.load(few + cols[None, :] * sqd, mask=few_ok, other=0.0)
-            q_p = tl.load(few + partner[None, :] * sqd, mask=few_ok, other=0.0)
-        else:
-            q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        q_p = tl.load(q_rows + partner[None, :] * sqd, mask=row_ok[:, None], other=0.0)
         if TOKENS == 1:  # one table row for every q row, one new k / v row, one slot
             c = to_fp32(tl.load(cos_ptr + b * sc_b + cols * sc_d), EMULATE_CAST)
             s_ = to_fp32(tl.load(sin_ptr + b * ss_b + cols * ss_d), EMULATE_CAST)
@@ -246,12 +212,8 @@ def _decode_attention_kernel(
             # written). The program whose split holds it stores k / v there and reads them back in its key loop: no
             # other program of this (batch row, kv head) reads that slot, so no load can race the store.
             slot = tl.load(pos_ptr + b * sp_b).to(tl.int64)
-            _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE, SPLITS, BLOCK_T, PREFETCH_BYTES, PREFETCH_TILES)
             q = _roped(to_fp32(q, EMULATE_CAST), to_fp32(q_p, EMULATE_CAST), wq[None, :], wq_p[None, :], c[None, :],
                        s_[None, :], neg[None, :], eps, 1, D, NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
-            if ROPE_ROWS < BLOCK_R:
-                q = tl.reshape(tl.broadcast_to(q[None, :, :], [BLOCK_R // ROPE_ROWS, ROPE_ROWS, BLOCK_D]),
-                               [BLOCK_R, BLOCK_D])  # fmt: skip
             k_new = _roped(to_fp32(k_x, EMULATE_CAST), to_fp32(k_xp, EMULATE_CAST), wk, wk_p, c, s_, neg, eps, 0, D,
                            NORM, dtype, EMULATE_CAST, PTX)  # fmt: skip
             slot = tl.where(slot < 0, slot + T, slot)
@@ -288,7 +250,6 @@ def _decode_attention_kernel(
             write = tl.where(mine[:, None], col_ok[None, :], False)
             k_dst = k_base + slot[:, None] * skt + cols[None, :] * skd
             v_dst = v_base + slot[:, None] * svt + cols[None, :] * svd
-            _prefetch(k_base, v_base, skt, svt, lo, hi, VISIBLE, SPLITS, BLOCK_T, PREFETCH_BYTES, PREFETCH_TILES)
         if not NEW_FROM_REGISTERS:
             tl.store(k_dst, k_new, mask=write)
             tl.store(v_dst, v_new, mask=write)
@@ -364,15 +325,6 @@ def _decode_attention_kernel(
             _store(o / l_all[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
                    BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
             tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
-
-
-def _prefetch_bytes(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
-    """A cache row's bytes where both caches' rows can be bulk-prefetched (each row contiguous, every row's address
-    16-byte aligned, its size a multiple of 16), else 0."""
-    row = k_cache.shape[3] * k_cache.element_size()
-    ok = all(c.stride(3) == 1 and not (c.data_ptr() % 16 or any(st * c.element_size() % 16 for st in c.stride()[:3]))
-             for c in (k_cache, v_cache))
-    return row if ok and row % 16 == 0 else 0  # (one dtype for both caches: the op checks it)
 
 
 @functools.cache
@@ -545,7 +497,6 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
     part, ml = _partials(pairs, splits, block_r, block_d, q.device) if splits > 1 else (out, out)
     rope_args = rope["args"] if rope else (q,) * 7 + (0,) * 11 + (0.0,) + (0,) * 5
     constexprs = kernel_constexprs(q.device)
-    prefetch = _prefetch_bytes(k_cache, v_cache) if rope and constexprs["PTX"] and PREFETCH_TILES > 0 else 0
     sob, soh, sor, so_s, sod = out_strides
     _decode_attention_kernel[(pairs, splits)](
         q, k_cache, v_cache, seen, out, part, ml, out if counters is None else counters, scales if quant else out,
@@ -557,9 +508,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         UPTO=upto, QUANT=quant, G=group_size if quant else d,
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
-        BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE, PREFETCH_BYTES=prefetch,
-        PREFETCH_TILES=PREFETCH_TILES,
-        ROPE_ROWS=triton.next_power_of_2(r) if rope and tokens[0] == 1 and ROPE_REAL_ROWS else block_r,
+        BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
