@@ -132,9 +132,9 @@ def traced_module(source: str | None = None):
     return module
 
 
-def summarize(traces: list[torch.Tensor], tiles: list[int]) -> list[list]:
+def summarize(traces: list[torch.Tensor], tiles: list[int] | None) -> list[list]:
     """Per phase: the median program's and the slowest program's cycles (median over launches); the launch's
-    spread of start times and span in ns; and the cycles of the programs by their count of key tiles."""
+    spread of start times and span in ns; and (given each program's count of key tiles) their loops' cycles by it."""
     rows = []
     per_launch = {k: [] for k in ("start spread ns", "span ns", "GHz")}
     phase = {p: ([], []) for p in PHASES}
@@ -157,7 +157,7 @@ def summarize(traces: list[torch.Tensor], tiles: list[int]) -> list[list]:
             phase[name][0].append(float(d.median()))
             phase[name][1].append(float(d.max()))
         loop = c[:, 2] - c[:, 1]
-        for n in set(tiles):
+        for n in set(tiles or ()):
             sel = torch.tensor([t == n for t in tiles])
             by_tiles.setdefault(n, []).append(float(loop[sel].median()))
     for name in (*PHASES[:1], *(n for n in PROLOGUE if n in phase), *PHASES[1:]):

@@ -78,6 +78,10 @@
 #                                               step (rope_attention.py --sweep --cold; the earlier sweeps read
 #                                               them hot): batch 1 and 8, the 8B heads and Qwen3-32B's (196 s,
 #                                               H100, fortieth session)
+#     OUT=$OUT bash benchmarks/issue7.sh instep  the attention launch's phase clocks inside the engine step
+#                                               (attention_in_step.py: 4 layers, Llama-3.1-8B and Qwen3-32B at batch
+#                                               1 and 8), then alone with L2 flushed (attention_timeline.py), to see
+#                                               why launches made shorter alone did not shorten the step (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -189,8 +193,17 @@ case "${1:-}" in
               --models llama,qwen3 > "$out/cold_8b.txt" 2>&1 && tail -6 "$out/cold_8b.txt" \
           && python benchmarks/rope_attention.py --sweep --cold --programs 0,1,2,s2,s3,s4 --heads 64,8 --batches 1,8 \
                  --models qwen3 > "$out/cold_32b.txt" 2>&1 && tail -4 "$out/cold_32b.txt" ;;
+    instep) for run in "llama3.1-8b llama 32,8" "qwen3-32b qwen3 64,8"; do  # preset, timeline's model, heads
+                read -r preset model heads <<< "$run"
+                python benchmarks/attention_in_step.py --preset $preset --layers 4 --batches 1,8 \
+                    > "$out/instep_$preset.txt" 2>&1 || exit $?
+                grep -A16 "in the step" "$out/instep_$preset.txt"
+                python benchmarks/attention_timeline.py --batches 1,8 --models $model --heads $heads \
+                    > "$out/alone_$preset.txt" 2>&1 || exit $?
+                grep -E "^batch|^prologue|^key loop |^ticket|^merge|^span|^start" "$out/alone_$preset.txt"
+            done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
