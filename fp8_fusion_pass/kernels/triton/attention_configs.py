@@ -23,7 +23,9 @@ DEFAULT = AttentionConfig()
 # at 256 / 512 pairs 64- / 32-key tiles on 4 warps, 3 stages, one program per kv head; sizes between take the next
 # row. At 8 pairs (batch 1), since the merge loads its splits together, 64-key tiles: 9 splits, not 5 (H100 RoPE
 # launch, ``issue7.sh fewer``: Llama / Qwen3 / Qwen3-32B 5.58 / 6.29 / 6.41 us against 6.01 / 6.81 / 6.74 us with
-# the caches hot in L2; the engine's batch-1 steps 0.03-0.1% faster). Every row was swept hot (``--cold`` since).
+# the caches hot in L2; the engine's batch-1 steps 0.03-0.1% faster). Every row was swept hot; swept cold (``--cold``,
+# H100, fortieth session) the batch-1 row holds, and at 64 pairs 32-key tiles on 4 warps were 3-4% faster alone but
+# moved no engine step (Llama-3.1-8B / Qwen3-32B batch 8, docs/benchmarks.md "Each launch of a step in order").
 _TILES_128 = AttentionConfig(block_t=128, num_warps=8, num_stages=2, programs=1)
 TABLE: tuple[tuple[int, AttentionConfig], ...] = (
     (8, AttentionConfig(block_t=64, num_warps=8, num_stages=2, programs=1)),
