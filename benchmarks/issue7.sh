@@ -82,6 +82,11 @@
 #                                               (attention_in_step.py: 4 layers, Llama-3.1-8B and Qwen3-32B at batch
 #                                               1 and 8), then alone with L2 flushed (attention_timeline.py), to see
 #                                               why launches made shorter alone did not shorten the step (not run)
+#     OUT=$OUT bash benchmarks/issue7.sh mergerows  the splits' merge on the real rows (MERGE_R, on since the
+#                                               fortieth session, untimed) against the merge on the MMA's whole tile (a
+#                                               copy of the tree with MERGE_R = BLOCK_R): its GPU bit test, the launch's
+#                                               phases both ways, then Llama-3.1-8B batch 1 / 8 and Qwen3-32B batch 1
+#                                               engine steps, 2 interleaved rounds each, tree then copy (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -202,8 +207,25 @@ case "${1:-}" in
                     > "$out/alone_$preset.txt" 2>&1 || exit $?
                 grep -E "^batch|^prologue|^key loop |^ticket|^merge|^span|^start" "$out/alone_$preset.txt"
             done ;;
+    mergerows) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py \
+                   -k merge_on_the_real > "$out/mergerows_tests.log" 2>&1; tail -2 "$out/mergerows_tests.log"
+               whole=$(mktemp -d) && cp -r fp8_fusion_pass benchmarks "$whole"/ || exit 1
+               src="$whole/fp8_fusion_pass/kernels/triton/decode_attention.py"
+               sed -i 's/^        MERGE_R=min(block_r, max(triton.next_power_of_2(r), cfg.num_warps)),$/        MERGE_R=block_r,/' "$src"
+               grep -q "^        MERGE_R=block_r,$" "$src" || { echo "mergerows: MERGE_R's line not found" >&2; exit 1; }
+               for source in "" "$src"; do
+                   python benchmarks/attention_timeline.py --batches 1,8 --models llama,qwen3 ${source:+--source "$source"} \
+                       | grep -E "^batch|^key loop |^ticket|^merge|^span"
+               done
+               for run in "llama3.1-8b 1" "qwen3-32b 1" "llama3.1-8b 8"; do
+                   for tree in real whole; do  # not decode_*.json: the targets table has these cells
+                       (cd "$([ $tree = real ] && pwd || echo "$whole")" && "${decode[@]}" --presets ${run% *} \
+                           --forms engine --batches ${run#* } --interleave 2 \
+                           --json "$out/mergerows_${run% *}_b${run#* }_$tree.json") || exit $?
+                   done
+               done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|mergerows|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

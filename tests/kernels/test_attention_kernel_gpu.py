@@ -253,3 +253,31 @@ def test_visible_splits_on_a_long_cache(monkeypatch, norm, b):
     assert torch.equal(vc, vc2) and (kc.float() - kc2.float()).abs().max() <= 2**-7 * kc.float().abs().max()
     assert rel_l2(got[0].float() * got[1], want[0].float() * want[1]) <= 1e-2
     assert torch.equal(replayed[0].view(torch.uint8), got[0].view(torch.uint8)) and torch.equal(replayed[1], got[1])
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["llama", "qwen3"])
+@pytest.mark.parametrize("b, hq", [(1, 32), (8, 32), (1, 64), (8, 64), (64, 32)])
+def test_the_merge_on_the_real_rows_changes_no_bit(monkeypatch, norm, b, hq):
+    # MERGE_R (the splits' merge on the real rows rounded up, at least a row a warp) against the merge on the MMA's
+    # whole tile, at the model shapes and TABLE's configs: the output bits, the scales and the caches
+    from attention_cases import rope_inputs
+
+    positions = [min(575, 500 + 9 * i) for i in range(b)]
+    args = rope_inputs(b, hq, 8, 576, 128, positions, norm, "cuda")
+    last = torch.tensor(positions, device="cuda")
+    real, whole, runs = kernel._decode_attention_kernel, [False], []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                return real[grid](*a, **{**kw, "MERGE_R": kw["BLOCK_R"] if whole[0] else kw["MERGE_R"]})
+
+            return launch
+
+    monkeypatch.setattr(kernel, "_decode_attention_kernel", Spy())
+    for whole[0] in (False, True):
+        a = [x.clone() if isinstance(x, torch.Tensor) else x for x in args]
+        o, s = torch.ops.fp8_fusion.rope_decode_attention(*a, last, 128**-0.5, 128)
+        runs.append((o.view(torch.uint8), s, a[9], a[10]))
+    for first, other in zip(*runs):
+        assert torch.equal(first, other)

@@ -127,6 +127,33 @@ def test_counters_are_zero_after_a_merge():
     assert counters is not None and int(counters[:2].abs().sum()) == 0
 
 
+@pytest.mark.parametrize("r, warps, want", [(4, 8, 8), (4, 4, 4), (2, 4, 4), (3, 8, 8), (16, 8, 16)])
+def test_the_merge_runs_on_the_real_rows_with_the_whole_tiles_bits(monkeypatch, r, warps, want):
+    # MERGE_R: the splits' merge on R rows rounded up, at least a row a warp, at most the MMA's 16; each row's sums
+    # are its own, so the output and its scales are those of the merge on all 16 rows, bit for bit
+    q, k, v, keep, scale = inputs(2, 2, r, 300, 32, [299, 150])
+    cfg = kernel.AttentionConfig(block_t=32, num_warps=warps, programs=0, splits=5)
+    real, taken, whole = kernel._decode_attention_kernel, [], [False]
+
+    class Spy:  # records each launch's MERGE_R; with whole[0] the launch merges the MMA's whole tile instead
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                taken.append(kwargs["MERGE_R"])
+                return real[grid](*args, **{**kwargs, "MERGE_R": kwargs["BLOCK_R"] if whole[0] else kwargs["MERGE_R"]})
+
+            return launch
+
+    monkeypatch.setattr(kernel, "_decode_attention_kernel", Spy())
+    runs = []
+    for whole[0] in (False, True):
+        out = kernel.decode_attention(q, k, v, keep, scale, cfg)
+        o8, s8 = kernel.decode_attention_upto_quant(q, k, v, torch.tensor([299, 150]), scale, 16, cfg)
+        runs.append((out.view(torch.int16), o8.view(torch.uint8), s8))
+    assert taken == [want] * 4
+    assert all(torch.equal(a.nan_to_num(7.0) if a.is_floating_point() else a,
+                           b.nan_to_num(7.0) if b.is_floating_point() else b) for a, b in zip(*runs))
+
+
 def test_no_shared_counters_reads_all_keys_in_one_split(monkeypatch):
     # FP8_FUSION_TICKETS=0 (models concurrent on several streams): no merge ticket, so one split per kv head
     q, k, v, keep, scale = inputs(1, 2, 4, 300, 32, [299])

@@ -164,6 +164,7 @@ def _decode_attention_kernel(
     TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
     BLOCK_NEW: tl.constexpr,  # TOKENS rounded up to a power of two: ROPE's tile of the step's new k / v rows
     VISIBLE: tl.constexpr,  # UPTO: split the visible keys (0..last), not the cache's T slots (``SPLIT_VISIBLE``)
+    MERGE_R: tl.constexpr,  # R rounded up to a power of two (<= BLOCK_R): the rows the splits' merge runs on
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -311,19 +312,34 @@ def _decode_attention_kernel(
         tl.store(ml + split * 2 * BLOCK_R + BLOCK_R + rows, l_i)
         if _last_arrival(cnt_ptr, pair, SPLITS):
             # Each split's max, sum and partial by row, in split order: elementwise, so no reduction (a barrier
-            # each, as before the thirty-eighth session) stands between the splits' loads: they issue together.
-            m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
+            # each, as before the thirty-eighth session) stands between the splits' loads, and all of them come
+            # before any is used. On MERGE_R rows, not the MMA's BLOCK_R: R rounded up, at least a row a warp (a
+            # row's reductions in the quant stay in its warp); each row's arithmetic is the whole tile's, so the
+            # same bits. Offline sm_90 SASS (Triton 3.6, 9 splits, 8 warps): on 16 rows half the partials' loads
+            # waited behind the first exps, a second round trip to L2; on 8 every one is issued first at Qwen3's
+            # heads (registers 107 -> 103) and 5 of 9 at Llama's (80 -> 78); 3 splits as before.
+            mrows = tl.arange(0, MERGE_R)
+            m_ok = mrows < R
+            m_part = part_ptr + pair * SPLITS * BLOCK_R * BLOCK_D + mrows[:, None] * BLOCK_D + cols[None, :]
+            ms, ls, parts = (), (), ()
             for i in tl.static_range(SPLITS):
-                m_all = tl.maximum(m_all, tl.load(ml + i * 2 * BLOCK_R + rows, cache_modifier=".cg"))
+                ms = ms + (tl.load(ml + i * 2 * BLOCK_R + mrows, cache_modifier=".cg"),)
+                ls = ls + (tl.load(ml + i * 2 * BLOCK_R + BLOCK_R + mrows, cache_modifier=".cg"),)
+                parts = parts + (tl.load(m_part + i * BLOCK_R * BLOCK_D, m_ok[:, None], 0.0, cache_modifier=".cg"),)
+            m_all = tl.full([MERGE_R], float("-inf"), tl.float32)
+            for i in tl.static_range(SPLITS):
+                m_all = tl.maximum(m_all, ms[i])
             m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            l_all = tl.zeros([BLOCK_R], tl.float32)
-            o = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+            l_all = tl.zeros([MERGE_R], tl.float32)
+            o = tl.zeros([MERGE_R, BLOCK_D], tl.float32)
             for i in tl.static_range(SPLITS):  # whichever program came last
-                w_i = tl.exp(tl.load(ml + i * 2 * BLOCK_R + rows, cache_modifier=".cg") - m_safe)
-                l_all += w_i * tl.load(ml + i * 2 * BLOCK_R + BLOCK_R + rows, cache_modifier=".cg")
-                o += w_i[:, None] * tl.load(part + i * BLOCK_R * BLOCK_D, row_ok[:, None], 0.0, cache_modifier=".cg")
-            _store(o / l_all[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
-                   BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
+                w_i = tl.exp(ms[i] - m_safe)
+                l_all += w_i * ls[i]
+                o += w_i[:, None] * parts[i]
+            _store(o / l_all[:, None], o_ptr + b * sob + h * soh + _row_offsets(mrows, TOKENS, sor, so_s)[:, None]
+                   + cols[None, :] * sod, m_ok[:, None] & col_ok[None, :],
+                   s_ptr + b * ssb + h * ssh + _row_offsets(mrows, TOKENS, ssr, ss_s), m_ok, q_ptr,
+                   MERGE_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
             tl.store(cnt_ptr + pair, 0)  # the counter is zero again for the next launch
 
 
@@ -509,6 +525,7 @@ def _launch(q, k_cache, v_cache, seen, seen_strides, scale, cfg, upto: bool, gro
         **constexprs, ROPE=rope is not None, NORM=bool(rope and rope["NORM"]),
         NEW_FROM_REGISTERS=rope is not None and new_from_registers(constexprs), TOKENS=tokens[0],
         BLOCK_NEW=triton.next_power_of_2(tokens[0]), VISIBLE=upto and SPLIT_VISIBLE,
+        MERGE_R=min(block_r, max(triton.next_power_of_2(r), cfg.num_warps)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # RoPE's products are rounded one by one as eager rounds them: no fma may contract one (rms_norm_rope.py);
         # on NVIDIA ``_mul`` sees to that, elsewhere the whole kernel goes without fp fusion
