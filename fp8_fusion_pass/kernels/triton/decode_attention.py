@@ -164,7 +164,7 @@ def _decode_attention_kernel(
     TOKENS: tl.constexpr,  # query tokens per row of heads; above 1 with UPTO, last is [B, S]: row r sees last[b, r % S]
     BLOCK_NEW: tl.constexpr,  # TOKENS rounded up to a power of two: ROPE's tile of the step's new k / v rows
     VISIBLE: tl.constexpr,  # UPTO: split the visible keys (0..last), not the cache's T slots (``SPLIT_VISIBLE``)
-    MERGE_R: tl.constexpr,  # R rounded up to a power of two (<= BLOCK_R): the rows the splits' merge runs on
+    MERGE_R: tl.constexpr,  # the rows the splits' merge runs on: R rounded up, at least one a warp, <= BLOCK_R
 ):  # fmt: skip
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -298,11 +298,10 @@ def _decode_attention_kernel(
     if ROPE and NEW_FROM_REGISTERS:  # the loop took the new k / v from registers: the cache gets them now
         tl.store(k_dst, k_new, mask=write)
         tl.store(v_dst, v_new, mask=write)
-    out_mask = row_ok[:, None] & col_ok[None, :]
-    o_ptrs = o_ptr + b * sob + h * soh + _row_offsets(rows, TOKENS, sor, so_s)[:, None] + cols[None, :] * sod
-    s_rows = s_ptr + b * ssb + h * ssh + _row_offsets(rows, TOKENS, ssr, ss_s)
     if SPLITS == 1:  # a row that saw nothing: 0 / 0 = NaN, as softmax over nothing
-        _store(acc / l_i[:, None], o_ptrs, out_mask, s_rows, row_ok, q_ptr,
+        o_ptrs = o_ptr + b * sob + h * soh + _row_offsets(rows, TOKENS, sor, so_s)[:, None] + cols[None, :] * sod
+        _store(acc / l_i[:, None], o_ptrs, row_ok[:, None] & col_ok[None, :],
+               s_ptr + b * ssb + h * ssh + _row_offsets(rows, TOKENS, ssr, ss_s), row_ok, q_ptr,
                BLOCK_R, BLOCK_D, EMULATE_CAST, QUANT, G, FP8_MAX, FP8_MIN_EXP, FNUZ, PTX)  # fmt: skip
     else:
         part = part_ptr + pair * SPLITS * BLOCK_R * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
