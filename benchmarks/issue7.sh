@@ -81,12 +81,14 @@
 #     OUT=$OUT bash benchmarks/issue7.sh instep  the attention launch's phase clocks inside the engine step
 #                                               (attention_in_step.py: 4 layers, Llama-3.1-8B and Qwen3-32B at batch
 #                                               1 and 8), then alone with L2 flushed (attention_timeline.py), to see
-#                                               why launches made shorter alone did not shorten the step (not run)
+#                                               why launches made shorter alone did not shorten the step (83 s,
+#                                               H100, forty-first session: in the step as alone)
 #     OUT=$OUT bash benchmarks/issue7.sh mergerows  the splits' merge on the real rows (MERGE_R, on since the
-#                                               fortieth session, untimed) against the merge on the MMA's whole tile (a
+#                                               fortieth session) against the merge on the MMA's whole tile (a
 #                                               copy of the tree with MERGE_R = BLOCK_R): its GPU bit test, the launch's
 #                                               phases both ways, then Llama-3.1-8B batch 1 / 8 and Qwen3-32B batch 1
-#                                               engine steps, 2 interleaved rounds each, tree then copy (not run)
+#                                               engine steps, 2 interleaved rounds each, tree then copy (319 s,
+#                                               H100, forty-first session: Qwen3-32B batch 1 23 us a step faster)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s

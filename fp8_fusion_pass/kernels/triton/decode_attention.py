@@ -316,7 +316,8 @@ def _decode_attention_kernel(
             # row's reductions in the quant stay in its warp); each row's arithmetic is the whole tile's, so the
             # same bits. Offline sm_90 SASS (Triton 3.6, 9 splits, 8 warps): on 16 rows half the partials' loads
             # waited behind the first exps, a second round trip to L2; on 8 every one is issued first at Qwen3's
-            # heads (registers 107 -> 103) and 5 of 9 at Llama's (80 -> 78); 3 splits as before.
+            # heads (registers 107 -> 103) and 5 of 9 at Llama's (80 -> 78); 3 splits as before. Timed (H100):
+            # the merge 17-26% shorter at 9 splits, Qwen3-32B's batch-1 step 23 us shorter, the same bits.
             mrows = tl.arange(0, MERGE_R)
             m_ok = mrows < R
             m_part = part_ptr + pair * SPLITS * BLOCK_R * BLOCK_D + mrows[:, None] * BLOCK_D + cols[None, :]
