@@ -89,6 +89,12 @@
 #                                               phases both ways, then Llama-3.1-8B batch 1 / 8 and Qwen3-32B batch 1
 #                                               engine steps, 2 interleaved rounds each, tree then copy (319 s,
 #                                               H100, forty-first session: Qwen3-32B batch 1 23 us a step faster)
+#     OUT=$OUT bash benchmarks/issue7.sh mergeseq  each launch of a 4-layer step with the pass and the idle gap after it
+#                                               (profile_step.py --sequence), Llama-3.1-8B and Qwen3-32B at batch 1,
+#                                               the tree then the whole-tile merge's copy: the merge made Qwen3-32B's
+#                                               step 23 us shorter and Llama's not at all, with both launches shorter
+#                                               alone; does the gap after the launch grow where the step did not
+#                                               move? (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -102,6 +108,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 out=${OUT:-/tmp/issue7}
 mkdir -p "$out"
 decode=(python benchmarks/decode.py --prefill 0 --no-bf16 --steps 20)
+
+whole_tile_copy() {  # a copy of the tree whose attention merges on the MMA's whole tile (MERGE_R = BLOCK_R); its path
+    local whole src
+    whole=$(mktemp -d) && cp -r fp8_fusion_pass benchmarks "$whole"/ || return 1
+    src="$whole/fp8_fusion_pass/kernels/triton/decode_attention.py"
+    sed -i 's/^        MERGE_R=min(block_r, max(triton.next_power_of_2(r), cfg.num_warps)),$/        MERGE_R=block_r,/' "$src"
+    grep -q "^        MERGE_R=block_r,$" "$src" || { echo "whole_tile_copy: MERGE_R's line not found" >&2; return 1; }
+    echo "$whole"
+}
 case "${1:-}" in
     1) python benchmarks/decode.py --presets llama3.1-8b,qwen3-8b --forms engine --batches 1,8,32,64 --prefill 2048 \
            --steps 30 --json "$out/decode_engine_8b.json" ;;
@@ -211,10 +226,8 @@ case "${1:-}" in
             done ;;
     mergerows) python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_attention_kernel_gpu.py \
                    -k merge_on_the_real > "$out/mergerows_tests.log" 2>&1; tail -2 "$out/mergerows_tests.log"
-               whole=$(mktemp -d) && cp -r fp8_fusion_pass benchmarks "$whole"/ || exit 1
+               whole=$(whole_tile_copy) || exit 1
                src="$whole/fp8_fusion_pass/kernels/triton/decode_attention.py"
-               sed -i 's/^        MERGE_R=min(block_r, max(triton.next_power_of_2(r), cfg.num_warps)),$/        MERGE_R=block_r,/' "$src"
-               grep -q "^        MERGE_R=block_r,$" "$src" || { echo "mergerows: MERGE_R's line not found" >&2; exit 1; }
                for source in "" "$src"; do
                    python benchmarks/attention_timeline.py --batches 1,8 --models llama,qwen3 ${source:+--source "$source"} \
                        | grep -E "^batch|^key loop |^ticket|^merge|^span"
@@ -226,8 +239,17 @@ case "${1:-}" in
                            --json "$out/mergerows_${run% *}_b${run#* }_$tree.json") || exit $?
                    done
                done ;;
+    mergeseq) whole=$(whole_tile_copy) || exit 1
+              for preset in llama3.1-8b qwen3-32b; do
+                  for tree in real whole; do
+                      (cd "$([ $tree = real ] && pwd || echo "$whole")" && python benchmarks/profile_step.py \
+                          --preset $preset --forms engine --layers 4 --batches 1 --variants block+pass --steps 20 \
+                          --sequence) > "$out/mergeseq_${preset}_$tree.txt" 2>&1 || exit $?
+                      echo "$preset, merge on the $tree rows:"; grep -E "^== |^  by kernel " "$out/mergeseq_${preset}_$tree.txt"
+                  done
+              done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|mergerows|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|mergerows|mergeseq|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()

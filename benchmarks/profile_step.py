@@ -48,10 +48,13 @@ def category(name: str) -> str:
     return "other"
 
 
-def step_sequence(events: list[tuple[str, float, float]], steps: int) -> list[tuple[str, float]] | None:
-    """The step's launches in order, each with its mean us over ``steps`` replays, from (name, start, us) kernel
-    events: the only way to tell one GEMM of a layer from another, as CUPTI names a kernel but not its shapes.
-    None where the replays' orders differ (concurrent launches), so that no position stands for two launches."""
+def step_sequence(events: list[tuple[str, float, float]], steps: int) -> list[tuple[str, float, float | None]] | None:
+    """The step's launches in order, each with its mean us over ``steps`` replays and the mean idle us from its end
+    to the next launch's start (None for the step's last launch), from (name, start, us) kernel events: the only way
+    to tell one GEMM of a layer from another, as CUPTI names a kernel but not its shapes. The gap is what tells
+    whether a launch made shorter shortens the step or only moves the next launch's wait (docs/benchmarks.md, "The
+    merge on the real rows, timed"). None where the replays' orders differ (concurrent launches), so that no
+    position stands for two launches."""
     events = sorted(events, key=lambda e: e[1])
     if not events or len(events) % steps:
         return None
@@ -59,7 +62,14 @@ def step_sequence(events: list[tuple[str, float, float]], steps: int) -> list[tu
     names = [e[0] for e in events[:n]]
     if any([e[0] for e in events[r * n:(r + 1) * n]] != names for r in range(1, steps)):
         return None
-    return [(name, sum(events[r * n + i][2] for r in range(steps)) / steps) for i, name in enumerate(names)]
+
+    def gap(r: int, i: int) -> float:
+        _, start, us = events[r * n + i]
+        return events[r * n + i + 1][1] - (start + us)
+
+    return [(name, sum(events[r * n + i][2] for r in range(steps)) / steps,
+             sum(gap(r, i) for r in range(steps)) / steps if i < n - 1 else None)
+            for i, name in enumerate(names)]  # fmt: skip
 
 
 def profile(graph, steps: int) -> tuple[dict, int, list | None]:
@@ -83,12 +93,29 @@ def profile(graph, steps: int) -> tuple[dict, int, list | None]:
     return {k: (v[0], v[1]) for k, v in per.items()}, len(events), step_sequence(events, steps)
 
 
-def print_sequence(sequence: list[tuple[str, float]] | None) -> None:
+def by_kernel(sequence: list[tuple[str, float, float | None]]) -> list[tuple[str, int, float, float | None]]:
+    """Per kernel name, in first-launch order: its launches a step, their mean us, and the mean gap after them (over
+    the launches that have one): a layer's launches of one kernel read as one line, for A/Bs of a kernel."""
+    seen: dict[str, list] = {}
+    for name, us, gap in sequence:
+        row = seen.setdefault(name, [0, 0.0, []])
+        row[0] += 1
+        row[1] += us
+        if gap is not None:
+            row[2].append(gap)
+    return [(name, n, us / n, sum(gaps) / len(gaps) if gaps else None) for name, (n, us, gaps) in seen.items()]
+
+
+def print_sequence(sequence: list[tuple[str, float, float | None]] | None) -> None:
     if sequence is None:
         print("  (no launch order: the replays ran their kernels in different orders)")
         return
-    for i, (name, us) in enumerate(sequence):
-        print(f"  {i:4d} {us:8.2f} us  {name[:100]}")
+    print("  launch       us    gap us  kernel (gap: from its end to the next launch's start)")
+    for i, (name, us, gap) in enumerate(sequence):
+        print(f"  {i:4d} {us:10.2f} {'' if gap is None else f'{gap:9.2f}':>9}  {name[:100]}")
+    print("  by kernel: launches a step, mean us, mean gap us after it")
+    for name, n, us, gap in by_kernel(sequence):
+        print(f"  by kernel {n:4d} {us:10.2f} {'' if gap is None else f'{gap:9.2f}':>9}  {name[:100]}")
 
 
 def report(label: str, wall_ms: float, kernels: dict, top_n: int = 12) -> dict:

@@ -43,9 +43,24 @@ def test_the_step_sequence_is_each_positions_mean_in_launch_order():
 
     # two replays of a 3-launch step, handed over out of order (the profiler groups events by stream / thread)
     events = [("b", 12.0, 3.0), ("a", 0.0, 1.0), ("c", 14.0, 5.0), ("a", 10.0, 3.0), ("b", 2.0, 1.0), ("c", 4.0, 7.0)]
-    assert profile_step.step_sequence(events, 2) == [("a", 2.0), ("b", 2.0), ("c", 6.0)]
+    assert [(name, us) for name, us, _ in profile_step.step_sequence(events, 2)] == [("a", 2.0), ("b", 2.0), ("c", 6.0)]
     # replays whose orders differ name no launch by position; nor do events that do not split into the replays
     swapped = [("a", 0.0, 1.0), ("b", 1.0, 1.0), ("b", 10.0, 1.0), ("a", 11.0, 1.0)]
     assert profile_step.step_sequence(swapped, 2) is None
     assert profile_step.step_sequence(events[:5], 2) is None
     assert profile_step.step_sequence([], 2) is None
+
+
+def test_each_launch_carries_its_mean_gap_to_the_next_launch_of_its_step():
+    import profile_step
+
+    # replay 1: a [0, 1) b [3, 4) c [4, 9); replay 2: a [20, 22) b [23, 24) c [26, 27); the step's last has no gap
+    events = [("a", 0.0, 1.0), ("b", 3.0, 1.0), ("c", 4.0, 5.0), ("a", 20.0, 2.0), ("b", 23.0, 1.0), ("c", 26.0, 1.0)]
+    assert profile_step.step_sequence(events, 2) == [("a", 1.5, 1.5), ("b", 1.0, 1.0), ("c", 3.0, None)]
+
+
+def test_by_kernel_averages_each_kernels_launches_and_the_gaps_after_them():
+    import profile_step
+
+    sequence = [("gemv", 10.0, 1.0), ("attn", 6.0, 0.5), ("gemv", 20.0, 2.0), ("attn", 8.0, None)]
+    assert profile_step.by_kernel(sequence) == [("gemv", 2, 15.0, 1.5), ("attn", 2, 7.0, 0.5)]
