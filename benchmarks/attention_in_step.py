@@ -11,6 +11,10 @@ compile and capture, with the pass) runs ``attention_timeline.py``'s traced copy
 attention launch the graph captures writes its programs' clocks into a slice of its own, so each layer's launch
 reads as one launch alone does, with the caches, L2 and the kernels before it as a step leaves them. The marks
 cost a few stores and (inside the RoPE prologue) two reductions a program, in both readings alike. NVIDIA only.
+
+Run (H100, forty-first session, ``issue7.sh instep``): the launch runs in the step as alone with L2 flushed, every
+phase within 6%, its span the median program's chain of phases (docs/benchmarks.md, "The merge on the real rows,
+timed: kept; the attention launch inside the step").
 """
 
 from __future__ import annotations
