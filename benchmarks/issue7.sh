@@ -95,6 +95,10 @@
 #                                               step 23 us shorter and Llama's not at all, with both launches shorter
 #                                               alone; does the gap after the launch grow where the step did not
 #                                               move? (not run)
+#     OUT=$OUT bash benchmarks/issue7.sh tokens1  4-token steps at batch 1 (Llama-3.1-8B, Qwen3-8B: 16 query rows a kv
+#                                               head, 16 layers), TABLE as committed against a copy without its
+#                                               batch-1 row (chosen on one-token launches; 8 pairs then take the
+#                                               128-key row they had before), 2 interleaved rounds each (not run)
 #     OUT=DIR bash benchmarks/issue7.sh targets    only the table, of the outputs in DIR (e.g. every part's, fetched)
 # Times: one H200, 2026-12-05 (parts 1-3 as separate commands, before this script; through it: split 238 s,
 # 2 ~150 s, 4 ~190 s, 6 265 s on a warm machine, twentieth session); on an H100, 4 319 s on a fresh machine, 5 275 s
@@ -109,13 +113,16 @@ out=${OUT:-/tmp/issue7}
 mkdir -p "$out"
 decode=(python benchmarks/decode.py --prefill 0 --no-bf16 --steps 20)
 
-whole_tile_copy() {  # a copy of the tree whose attention merges on the MMA's whole tile (MERGE_R = BLOCK_R); its path
-    local whole src
-    whole=$(mktemp -d) && cp -r fp8_fusion_pass benchmarks "$whole"/ || return 1
-    src="$whole/fp8_fusion_pass/kernels/triton/decode_attention.py"
-    sed -i 's/^        MERGE_R=min(block_r, max(triton.next_power_of_2(r), cfg.num_warps)),$/        MERGE_R=block_r,/' "$src"
-    grep -q "^        MERGE_R=block_r,$" "$src" || { echo "whole_tile_copy: MERGE_R's line not found" >&2; return 1; }
-    echo "$whole"
+edited_copy() {  # a copy of the tree with one sed edit of one file (path under the tree), or a loud failure; its path
+    local copy
+    copy=$(mktemp -d) && cp -r fp8_fusion_pass benchmarks "$copy"/ || return 1
+    cp "$copy/$1" "$copy/$1.orig" && sed -i "$2" "$copy/$1" || return 1
+    cmp -s "$copy/$1" "$copy/$1.orig" && { echo "edited_copy: '$2' changed nothing in $1" >&2; return 1; }
+    rm "$copy/$1.orig" && echo "$copy"
+}
+whole_tile_copy() {  # the attention's merge on the MMA's whole tile (MERGE_R = BLOCK_R)
+    edited_copy fp8_fusion_pass/kernels/triton/decode_attention.py \
+        's/^        MERGE_R=min(block_r, max(triton.next_power_of_2(r), cfg.num_warps)),$/        MERGE_R=block_r,/'
 }
 case "${1:-}" in
     1) python benchmarks/decode.py --presets llama3.1-8b,qwen3-8b --forms engine --batches 1,8,32,64 --prefill 2048 \
@@ -248,8 +255,15 @@ case "${1:-}" in
                       echo "$preset, merge on the $tree rows:"; grep -E "^== |^  by kernel " "$out/mergeseq_${preset}_$tree.txt"
                   done
               done ;;
+    tokens1) row=$(edited_copy fp8_fusion_pass/kernels/triton/attention_configs.py \
+                   '/^    (8, AttentionConfig(block_t=64, num_warps=8, num_stages=2, programs=1)),$/d') || exit 1
+             for tree in table row128; do  # not decode_*.json: no target counts steps of several tokens
+                 (cd "$([ $tree = table ] && pwd || echo "$row")" && "${decode[@]}" --presets llama3.1-8b,qwen3-8b \
+                     --forms engine --batches 1 --tokens 4 --layers 16 --interleave 2 \
+                     --json "$out/tokens1_$tree.json") || exit $?
+             done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|mergerows|mergeseq|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|mergerows|mergeseq|tokens1|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
