@@ -95,6 +95,9 @@
 #                                               step 23 us shorter and Llama's not at all, with both launches shorter
 #                                               alone; does the gap after the launch grow where the step did not
 #                                               move? (not run)
+#     OUT=$OUT bash benchmarks/issue7.sh row1  TABLE's batch-1 row (chosen on the H100 in the thirty-ninth session)
+#                                               against a copy without it, Qwen3-32B then Llama-3.1-8B at batch 1, 2
+#                                               interleaved rounds each: for the H200, where it was never timed (not run)
 #     OUT=$OUT bash benchmarks/issue7.sh tokens1  4-token steps at batch 1 (Llama-3.1-8B, Qwen3-8B: 16 query rows a kv
 #                                               head, 16 layers), TABLE as committed against a copy without its
 #                                               batch-1 row (chosen on one-token launches; 8 pairs then take the
@@ -119,6 +122,10 @@ edited_copy() {  # a copy of the tree with one sed edit of one file (path under 
     cp "$copy/$1" "$copy/$1.orig" && sed -i "$2" "$copy/$1" || return 1
     cmp -s "$copy/$1" "$copy/$1.orig" && { echo "edited_copy: '$2' changed nothing in $1" >&2; return 1; }
     rm "$copy/$1.orig" && echo "$copy"
+}
+no_batch1_row_copy() {  # attention_configs.TABLE without its batch-1 row: 8 pairs take the 128-key row they had before
+    edited_copy fp8_fusion_pass/kernels/triton/attention_configs.py \
+        '/^    (8, AttentionConfig(block_t=64, num_warps=8, num_stages=2, programs=1)),$/d'
 }
 whole_tile_copy() {  # the attention's merge on the MMA's whole tile (MERGE_R = BLOCK_R)
     edited_copy fp8_fusion_pass/kernels/triton/decode_attention.py \
@@ -255,15 +262,21 @@ case "${1:-}" in
                       echo "$preset, merge on the $tree rows:"; grep -E "^== |^  by kernel " "$out/mergeseq_${preset}_$tree.txt"
                   done
               done ;;
-    tokens1) row=$(edited_copy fp8_fusion_pass/kernels/triton/attention_configs.py \
-                   '/^    (8, AttentionConfig(block_t=64, num_warps=8, num_stages=2, programs=1)),$/d') || exit 1
+    row1) row=$(no_batch1_row_copy) || exit 1
+          for preset in qwen3-32b llama3.1-8b; do
+              for tree in table row128; do  # not decode_*.json: part 2 writes the Qwen3-32B cell
+                  (cd "$([ $tree = table ] && pwd || echo "$row")" && "${decode[@]}" --presets $preset --forms engine \
+                      --batches 1 --interleave 2 --json "$out/row1_${preset}_$tree.json") || exit $?
+              done
+          done ;;
+    tokens1) row=$(no_batch1_row_copy) || exit 1
              for tree in table row128; do  # not decode_*.json: no target counts steps of several tokens
                  (cd "$([ $tree = table ] && pwd || echo "$row")" && "${decode[@]}" --presets llama3.1-8b,qwen3-8b \
                      --forms engine --batches 1 --tokens 4 --layers 16 --interleave 2 \
                      --json "$out/tokens1_$tree.json") || exit $?
              done ;;
     targets) ;;
-    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|mergerows|mergeseq|tokens1|targets" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/issue7.sh 1|2|3|4|5|6|7|split|verify|gqa|tokens|rope|rope32b|plain|rows|rows64|bounds|llama64|visible|fewer|ropewide|sequence|cold|instep|mergerows|mergeseq|row1|tokens1|targets" >&2; exit 2 ;;
 esac
 rc=$?
 inputs=()
